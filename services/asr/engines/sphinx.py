@@ -1,0 +1,74 @@
+"""pocketsphinx 5: the embedded ASR engine (CPU, offline; its wheel carries US English)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from services.asr.engines.base import AsrInput, Transcript
+from services.asr.settings import SphinxSettings
+from services.common.audio import float_to_pcm16
+from services.common.errors import EngineUnavailable
+
+
+class SphinxEngine:
+    """Transcribes utterances one after another with one pocketsphinx decoder."""
+
+    name = "sphinx"
+    sample_rate = 16000
+    device = "cpu"
+
+    def __init__(self, settings: SphinxSettings) -> None:
+        self.settings = settings
+        self.model = str(settings.hmm) if settings.hmm else "pocketsphinx en-us"
+        self._decoder: Any = None
+        self._lock = threading.Lock()
+
+    def load(self) -> None:
+        try:
+            from pocketsphinx import Decoder
+        except ImportError as exc:
+            raise EngineUnavailable(
+                "pocketsphinx is not installed: pip install 'voice-agent[lite]'"
+            ) from exc
+        options: dict[str, Any] = {
+            "samprate": self.sample_rate,
+            "logfn": "/dev/null",
+            "dither": True,  # digital silence upsets its feature normalization
+        }
+        for key, value in (
+            ("hmm", self.settings.hmm),
+            ("dict", self.settings.dict_path),
+            ("lm", self.settings.lm),
+            ("jsgf", self.settings.jsgf),
+        ):
+            if value is not None:
+                if not value.exists():
+                    raise EngineUnavailable(f"pocketsphinx {key} not found at {value}")
+                options[key] = str(value)
+        if self.settings.jsgf is not None:
+            options.pop("lm", None)
+        self._decoder = Decoder(**options)
+
+    def transcribe_batch(self, items: Sequence[AsrInput]) -> list[Transcript]:
+        if self._decoder is None:
+            raise EngineUnavailable("the pocketsphinx model is not loaded")
+        with self._lock:
+            return [self._transcribe(item) for item in items]
+
+    def _transcribe(self, item: AsrInput) -> Transcript:
+        duration = item.audio.size / self.sample_rate
+        if item.audio.size < self.sample_rate // 10:
+            return Transcript(text="", language="en", duration_s=duration)
+        decoder = self._decoder
+        pad = np.zeros(self.sample_rate // 4, dtype=np.float32)  # room for its endpointing
+        audio = np.concatenate([pad, item.audio.astype(np.float32), pad])
+        decoder.start_utt()
+        decoder.process_raw(float_to_pcm16(audio), False, True)
+        decoder.end_utt()
+        hyp = decoder.hyp()
+        text = hyp.hypstr.strip() if hyp is not None else ""
+        return Transcript(text=text, language="en", duration_s=duration)

@@ -1,0 +1,303 @@
+"""faster-whisper (CTranslate2): the production ASR engine, batching across utterances.
+
+`transcribe_batch` computes each utterance's log-Mel features (padded or trimmed
+to Whisper's 30 s window), stacks them and runs one encoder pass, at most one
+language-detection pass and one greedy decoding pass for the whole batch.
+Whisper pads every input to 30 s, so a batch of N short utterances costs about
+what one costs: batching is the lever (faster-whisper's own
+`BatchedInferencePipeline` only batches the chunks of one file).
+
+Decoding is the low-latency setting: greedy unless `beam_size` says otherwise,
+temperature 0 with no fallback, no timestamps. Every prompt is
+`<|startoftranscript|> <|lang|> <|transcribe|> <|notimestamps|>` (or
+`<|startoftranscript|> <|notimestamps|>` for an English-only model), so all
+prompts of a batch have the same length whatever the languages and one
+`generate` call serves them all. An item without a language takes the one
+Whisper detects for it; a language the model does not know is detected too.
+Each item's output is capped by its own duration, so a batched result equals
+the result of transcribing the item alone (exactly so with greedy decoding).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+
+from services.asr.engines.base import AsrInput, AudioF32, Transcript
+from services.asr.settings import WhisperSettings
+from services.common.errors import EngineUnavailable, InvalidAudio
+
+log = logging.getLogger(__name__)
+
+MAX_NEW_TOKENS: Final = 224
+"""Whisper's own cap on the tokens of one 30 s window."""
+TOKENS_PER_SECOND: Final = 12
+"""Generous upper bound on speech tokens per second (covers fast CJK speech)."""
+MIN_NEW_TOKENS: Final = 16
+"""Token allowance every utterance gets on top of its per-second share."""
+NO_SPEECH_PROB: Final = 0.6
+LOW_AVG_LOGPROB: Final = -1.0
+"""faster-whisper's defaults: above the first and below the second, a result is silence."""
+
+
+def resolve_model_dir(settings: WhisperSettings) -> Path:
+    """`settings.model` when it is a folder, else `<models_dir>/faster-whisper-<model>`."""
+    given = Path(settings.model).expanduser()
+    if given.is_dir() or given.is_absolute() or settings.model.startswith((".", "~")):
+        return given
+    return settings.models_dir / f"faster-whisper-{settings.model}"
+
+
+def max_new_tokens(duration_s: float) -> int:
+    """The most tokens an utterance of this length may produce."""
+    return min(MAX_NEW_TOKENS, MIN_NEW_TOKENS + math.ceil(TOKENS_PER_SECOND * duration_s))
+
+
+def _cuda_device_count() -> int:
+    try:
+        import ctranslate2
+    except ImportError:
+        return 0
+    return int(ctranslate2.get_cuda_device_count())
+
+
+@dataclass(frozen=True, slots=True)
+class _Utterance:
+    index: int
+    duration_s: float
+    features: AudioF32
+    language: str | None
+
+
+class FasterWhisperEngine:
+    """One faster-whisper model; every batch is one encode and one generate."""
+
+    name = "faster-whisper"
+    sample_rate = 16000
+
+    def __init__(self, settings: WhisperSettings) -> None:
+        self.settings = settings
+        self.model = settings.model
+        cuda = settings.device == "cuda" or (settings.device == "auto" and _cuda_device_count() > 0)
+        self._kind = "cuda" if cuda else "cpu"
+        self.device = f"cuda:{settings.device_index}" if cuda else "cpu"
+        self._whisper: Any = None
+        self._suppress: list[int] = []
+        self._decoder: Any = None
+        self._prompts: dict[str, list[int]] = {}
+        self._lock = threading.Lock()
+
+    def load(self) -> None:
+        try:
+            import faster_whisper
+            from faster_whisper.transcribe import get_suppressed_tokens
+        except ImportError as exc:
+            raise EngineUnavailable(
+                "faster-whisper is not installed: pip install 'voice-agent[faster-whisper]'"
+            ) from exc
+        folder = self._model_folder()
+        compute_type = self._compute_type()
+        if self._kind == "cuda":
+            self._check_cuda()
+            os.environ.setdefault("CT2_CUDA_ALLOCATOR", "cub_caching")
+        try:
+            whisper = faster_whisper.WhisperModel(
+                str(folder),
+                device=self._kind,
+                device_index=self.settings.device_index,
+                compute_type=compute_type,
+                cpu_threads=self.settings.cpu_threads,
+                local_files_only=True,
+            )
+        except (RuntimeError, ValueError, OSError) as exc:
+            raise EngineUnavailable(
+                f"cannot load the faster-whisper model at {folder}: {exc}"
+            ) from exc
+        self._decoder = self._tokenizer(whisper, "en")
+        self._suppress = [int(t) for t in get_suppressed_tokens(self._decoder, [-1])]
+        self._prompts = {}
+        self._whisper = whisper
+        log.info("faster-whisper %s loaded on %s (%s)", folder, self.device, compute_type)
+        try:  # the first call pays for lazy allocations: pay it here, not a user
+            self.transcribe_batch([AsrInput(np.zeros(self.sample_rate, dtype=np.float32))])
+        except RuntimeError as exc:
+            self._whisper = None
+            raise EngineUnavailable(
+                f"faster-whisper warm-up failed on {self.device}: {exc}"
+            ) from exc
+
+    def transcribe_batch(self, items: Sequence[AsrInput]) -> list[Transcript]:
+        if self._whisper is None:
+            raise EngineUnavailable("the faster-whisper model is not loaded")
+        results: list[Transcript] = []
+        batch: list[_Utterance] = []
+        for index, item in enumerate(items):
+            audio = _mono(item.audio)
+            duration = audio.size / self.sample_rate
+            results.append(Transcript(text="", language=item.language, duration_s=duration))
+            if audio.size:
+                batch.append(_Utterance(index, duration, self._features(audio), item.language))
+        if batch:
+            with self._lock:
+                decoded = self._run(batch)
+            for utterance, (text, language) in zip(batch, decoded, strict=True):
+                results[utterance.index] = Transcript(
+                    text=text, language=language, duration_s=utterance.duration_s
+                )
+        return results
+
+    def _run(self, batch: list[_Utterance]) -> list[tuple[str, str]]:
+        import ctranslate2
+
+        model = self._whisper.model
+        features = np.ascontiguousarray(np.stack([u.features for u in batch]))
+        encoded = model.encode(ctranslate2.StorageView.from_array(features))
+        languages = self._languages(encoded, [u.language for u in batch])
+        limits = [max_new_tokens(u.duration_s) for u in batch]
+        results = model.generate(
+            encoded,
+            [self._prompt(language) for language in languages],
+            beam_size=self.settings.beam_size,
+            # CTranslate2 generates at most max_length // 2 tokens for Whisper; each
+            # item is cut to its own limit below, so batching never changes a result.
+            max_length=min(2 * MAX_NEW_TOKENS, 2 * max(limits)),
+            return_scores=True,
+            return_no_speech_prob=True,
+            suppress_blank=True,
+            suppress_tokens=self._suppress,
+            sampling_topk=1,
+        )
+        return [
+            (self._text(result, limit), language)
+            for result, limit, language in zip(results, limits, languages, strict=True)
+        ]
+
+    def _text(self, result: Any, limit: int) -> str:
+        tokens = [int(t) for t in result.sequences_ids[0][:limit]]
+        if tokens:
+            avg_logprob = float(result.scores[0]) * len(tokens) / (len(tokens) + 1)
+            if float(result.no_speech_prob) > NO_SPEECH_PROB and avg_logprob < LOW_AVG_LOGPROB:
+                return ""
+        return str(self._decoder.decode(tokens)).strip()
+
+    def _languages(self, encoded: Any, hints: list[str | None]) -> list[str]:
+        """Each item's language: its hint when the model knows it, else Whisper's guess."""
+        if not self._whisper.model.is_multilingual:
+            return ["en"] * len(hints)
+        known = set(self._whisper.supported_languages)
+        wanted = [_known_language(hint, known) for hint in hints]
+        if all(language is not None for language in wanted):
+            return [language for language in wanted if language is not None]
+        detected = self._whisper.model.detect_language(encoded)
+        return [
+            language if language is not None else str(ranked[0][0])[2:-2]
+            for language, ranked in zip(wanted, detected, strict=True)
+        ]
+
+    def _prompt(self, language: str) -> list[int]:
+        prompt = self._prompts.get(language)
+        if prompt is None:
+            tokenizer = self._tokenizer(self._whisper, language)
+            prompt = [*tokenizer.sot_sequence, tokenizer.no_timestamps]
+            self._prompts[language] = prompt
+        return prompt
+
+    def _tokenizer(self, whisper: Any, language: str) -> Any:
+        from faster_whisper.tokenizer import Tokenizer
+
+        multilingual = bool(whisper.model.is_multilingual)
+        return Tokenizer(whisper.hf_tokenizer, multilingual, task="transcribe", language=language)
+
+    def _features(self, audio: AudioF32) -> AudioF32:
+        extractor = self._whisper.feature_extractor
+        frames = int(extractor.nb_max_frames)
+        mel = np.asarray(extractor(audio[: int(extractor.n_samples)]), dtype=np.float32)
+        mel = mel[:, :frames]
+        return np.pad(mel, ((0, 0), (0, frames - mel.shape[1])))
+
+    def _model_folder(self) -> Path:
+        folder = resolve_model_dir(self.settings)
+        if not folder.is_dir():
+            if folder == Path(self.settings.model).expanduser():
+                raise EngineUnavailable(
+                    f"no faster-whisper model folder at {folder}: set VA_ASR__WHISPER__MODEL "
+                    "to a model folder, or to a model name and run: voice-agent models pull "
+                    f"faster-whisper-<name> --dir {self.settings.models_dir}"
+                )
+            if not self.settings.allow_download:
+                raise EngineUnavailable(
+                    f"faster-whisper model not found at {folder}: run: voice-agent models pull "
+                    f"faster-whisper-{self.settings.model} --dir {self.settings.models_dir} "
+                    "(or set VA_ASR__WHISPER__MODEL to a model folder)"
+                )
+            self._download(folder)
+        if not (folder / "model.bin").is_file():
+            raise EngineUnavailable(
+                f"{folder} holds no CTranslate2 model.bin: pull the model again with "
+                f"voice-agent models pull faster-whisper-{self.settings.model}"
+            )
+        if not (folder / "tokenizer.json").is_file():
+            raise EngineUnavailable(
+                f"no tokenizer.json in {folder} (faster-whisper would fetch one from the Hub): "
+                f"pull the model again with voice-agent models pull "
+                f"faster-whisper-{self.settings.model}, or copy in the tokenizer.json "
+                "of the matching openai/whisper model"
+            )
+        return folder
+
+    def _download(self, folder: Path) -> None:
+        from faster_whisper.utils import download_model
+
+        log.warning("downloading faster-whisper %s into %s", self.settings.model, folder)
+        try:
+            download_model(self.settings.model, output_dir=str(folder))
+        except Exception as exc:
+            raise EngineUnavailable(
+                f"cannot download faster-whisper {self.settings.model} into {folder}: {exc}"
+            ) from exc
+
+    def _compute_type(self) -> str:
+        if self.settings.compute_type != "default":
+            return self.settings.compute_type
+        return "float16" if self._kind == "cuda" else "int8"
+
+    def _check_cuda(self) -> None:
+        count = _cuda_device_count()
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>")
+        if count == 0:
+            raise EngineUnavailable(
+                "faster-whisper is set to CUDA but CTranslate2 sees no GPU "
+                f"(CUDA_VISIBLE_DEVICES={visible}): fix the driver, "
+                "or set VA_ASR__WHISPER__DEVICE=cpu"
+            )
+        if self.settings.device_index >= count:
+            raise EngineUnavailable(
+                f"device_index {self.settings.device_index} but this process sees {count} GPU(s) "
+                f"(CUDA_VISIBLE_DEVICES={visible}); indices count from 0 among the visible "
+                "GPUs: set VA_ASR__WHISPER__DEVICE_INDEX accordingly"
+            )
+
+
+def _mono(audio: AudioF32) -> AudioF32:
+    samples = np.asarray(audio, dtype=np.float32)
+    if samples.ndim != 1:
+        raise InvalidAudio(f"ASR input must be mono 1-D audio, got shape {samples.shape}")
+    return samples
+
+
+def _known_language(hint: str | None, known: set[str]) -> str | None:
+    if hint is None:
+        return None
+    code = hint.strip().lower()
+    if code not in known:
+        log.warning("language %r is not one the model knows; detecting it instead", hint)
+        return None
+    return code

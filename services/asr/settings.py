@@ -1,0 +1,81 @@
+"""Settings of the ASR service."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from services.common.settings import BaseServiceSettings, ServerSettings
+from services.common.vad import VadSettings
+
+
+class SphinxSettings(BaseModel):
+    """pocketsphinx: the embedded engine. Its wheel carries a US English model."""
+
+    hmm: Path | None = None
+    """Acoustic model folder; the wheel's en-us model when unset."""
+    dict_path: Path | None = None
+    """Pronunciation dictionary; the wheel's when unset."""
+    lm: Path | None = None
+    """Language model; the wheel's when unset."""
+    jsgf: Path | None = None
+    """A JSGF grammar instead of the language model (exact, deterministic recognition)."""
+
+
+class WhisperSettings(BaseModel):
+    """faster-whisper (CTranslate2)."""
+
+    model: str = "large-v3-turbo"
+    """Model name (as `voice-agent models pull` names it) or a folder path."""
+    models_dir: Path = Path("models")
+    """Where pulled models live: `<models_dir>/faster-whisper-<model>`."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Device; `auto` uses CUDA when CTranslate2 sees a GPU."""
+    device_index: int = Field(default=0, ge=0, le=63)
+    """GPU index as this process sees it (after CUDA_VISIBLE_DEVICES)."""
+    compute_type: Literal["default", "float16", "int8_float16", "int8", "float32", "bfloat16"] = (
+        "default"
+    )
+    """CTranslate2 compute type."""
+    cpu_threads: int = Field(default=0, ge=0, le=256)
+    """CPU threads for CPU inference (0: CTranslate2's default)."""
+    beam_size: int = Field(default=1, ge=1, le=10)
+    """Beam size; 1 is greedy, the low-latency default."""
+    allow_download: bool = False
+    """Download the model from the Hub at start-up if missing (off: fail with the fix)."""
+
+
+class AsrSection(BaseModel):
+    """The ASR service proper."""
+
+    engine: str = "sphinx"
+    """Engine name: `sphinx` or `faster-whisper`."""
+    sphinx: SphinxSettings = SphinxSettings()
+    """pocketsphinx settings."""
+    whisper: WhisperSettings = WhisperSettings()
+    """faster-whisper settings."""
+    server: ServerSettings = ServerSettings(port=8001)
+    """Where the service listens."""
+    max_batch: int = Field(default=16, ge=1, le=256)
+    """Most utterances in one model call."""
+    max_queue: int = Field(default=256, ge=1, le=100_000)
+    """Most utterances waiting for the model; more are refused with `capacity`."""
+    max_wait_ms: float = Field(default=0.0, ge=0.0, le=1000.0)
+    """Optional wait for a batch to fill once the model is free (0: never wait)."""
+    max_utterance_s: float = Field(default=30.0, ge=1.0, le=600.0)
+    """Longest utterance accepted by a job or the stream."""
+    max_upload_mb: float = Field(default=25.0, ge=0.1, le=1024)
+    """Largest file `POST /v1/audio/transcriptions` accepts."""
+    consumers: int = Field(default=32, ge=1, le=1024)
+    """Redis jobs in flight at once in this process (they all enter the batcher)."""
+
+
+class AsrSettings(BaseServiceSettings):
+    """All settings of the ASR service (env: `VA_ASR__...`, `VA_REDIS__...`, `VA_VAD__...`)."""
+
+    asr: AsrSection = AsrSection()
+    """The ASR service."""
+    vad: VadSettings = VadSettings()
+    """Voice activity detection for `/v1/stream/asr`."""

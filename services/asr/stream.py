@@ -1,0 +1,164 @@
+"""`WS /v1/stream/asr`: VAD-segmented streaming transcription (PROTOCOL.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from fastapi import WebSocket
+
+from services.asr.batcher import Batcher
+from services.asr.engines.base import AsrInput
+from services.common.errors import UnsupportedSampleRate, VoiceAgentError
+from services.common.events import (
+    ASR_CLIENT_EVENTS,
+    AsrClose,
+    AsrReady,
+    SegmentFinal,
+    SegmentPartial,
+    SegmentStarted,
+    parse,
+)
+from services.common.listener import Listener
+from services.common.service import ServiceState
+from services.common.turns import SpeechEnd, SpeechStart
+from services.common.vad import SileroVad, VadSettings
+from services.common.ws import Channel, Disconnected
+
+
+class AsrStream:
+    """One `/v1/stream/asr` connection."""
+
+    def __init__(
+        self,
+        channel: Channel,
+        batcher: Batcher,
+        listener: Listener,
+        language: str | None,
+        partials: bool,
+        partial_interval_ms: int,
+    ) -> None:
+        self.channel = channel
+        self.batcher = batcher
+        self.listener = listener
+        self.language = language
+        self.partials = partials
+        self.partial_interval_ms = partial_interval_ms
+        self.segment_id = ""
+        self._partial_task: asyncio.Task[None] | None = None
+        self._last_partial_ms = 0
+
+    async def serve(self, tasks: asyncio.TaskGroup) -> None:
+        await self.channel.send(AsrReady(sample_rate=self.listener.input_rate))
+        while True:
+            frame = await self.channel.receive()
+            try:
+                if frame.data is not None:
+                    self._on_events(self.listener.push(frame.data), tasks)
+                    self._maybe_partial(tasks)
+                    continue
+                message = parse(ASR_CLIENT_EVENTS, frame.text or "")
+                if isinstance(message, AsrClose):
+                    self._on_end(self.listener.commit(), tasks)
+                    return
+                self._on_end(self.listener.commit(), tasks)
+            except VoiceAgentError as exc:
+                if exc.fatal:
+                    raise
+                await self.channel.send_error(exc)
+
+    def _on_events(self, events: list[SpeechStart | SpeechEnd], tasks: asyncio.TaskGroup) -> None:
+        for event in events:
+            if isinstance(event, SpeechStart):
+                self.segment_id = f"seg_{uuid.uuid4().hex[:12]}"
+                self._last_partial_ms = event.start_ms
+                tasks.create_task(
+                    self.channel.send(
+                        SegmentStarted(segment_id=self.segment_id, start_ms=event.start_ms)
+                    )
+                )
+            else:
+                self._on_end(event, tasks)
+
+    def _on_end(self, end: SpeechEnd | None, tasks: asyncio.TaskGroup) -> None:
+        if end is None:
+            return
+        segment_id = self.segment_id or f"seg_{uuid.uuid4().hex[:12]}"
+        self.segment_id = ""
+        tasks.create_task(self._final(segment_id, end), name=f"final-{segment_id}")
+
+    async def _final(self, segment_id: str, end: SpeechEnd) -> None:
+        try:
+            transcript = await self.batcher.transcribe(AsrInput(end.audio, self.language))
+        except VoiceAgentError as exc:
+            await self.channel.send_error(exc, segment_id)
+            return
+        await self.channel.send(
+            SegmentFinal(
+                segment_id=segment_id,
+                text=transcript.text,
+                start_ms=end.start_ms,
+                end_ms=end.end_ms,
+            )
+        )
+
+    def _maybe_partial(self, tasks: asyncio.TaskGroup) -> None:
+        segmenter = self.listener.segmenter
+        if not (self.partials and segmenter.in_speech and self.segment_id):
+            return
+        if self._partial_task is not None and not self._partial_task.done():
+            return  # at most one partial in flight
+        now_ms = segmenter.position_ms
+        if now_ms - self._last_partial_ms < self.partial_interval_ms:
+            return
+        self._last_partial_ms = now_ms
+        audio = AsrInput(segmenter.current_audio(), self.language)
+        self._partial_task = tasks.create_task(self._partial(self.segment_id, audio))
+
+    async def _partial(self, segment_id: str, audio: AsrInput) -> None:
+        try:
+            transcript = await self.batcher.transcribe(audio, mode="partial")
+        except VoiceAgentError:
+            return  # partials are droppable
+        if segment_id == self.segment_id and transcript.text:
+            await self.channel.send(SegmentPartial(segment_id=segment_id, text=transcript.text))
+
+
+async def serve_asr_stream(
+    ws: WebSocket,
+    state: ServiceState,
+    batcher: Batcher,
+    vad: SileroVad,
+    vad_settings: VadSettings,
+    max_frame_bytes: int,
+    sample_rate: int,
+    language: str | None,
+    partials: bool,
+) -> None:
+    """Accept and serve one connection; errors map to events and close codes here."""
+    await ws.accept()
+    channel = Channel(ws, "asr", max_frame_bytes)
+    state.connection_opened()
+    try:
+        try:
+            listener = Listener(vad, vad_settings, sample_rate)
+        except UnsupportedSampleRate as exc:
+            exc.fatal = True
+            exc.close_code = 1008
+            await channel.fail(exc)
+            return
+        stream = AsrStream(channel, batcher, listener, language, partials, 500)
+        fatal: VoiceAgentError | None = None
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                await stream.serve(tasks)
+        except* Disconnected:
+            pass
+        except* VoiceAgentError as group:
+            fatal = group.exceptions[0]  # type: ignore[assignment]
+        if fatal is not None:
+            await channel.fail(fatal)
+        else:
+            await channel.close(1000)
+    finally:
+        state.connection_closed()

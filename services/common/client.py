@@ -1,0 +1,216 @@
+"""A `/v1/stream` client: streams audio at real-time pace and records what comes back.
+
+Used by `voice-agent client`, the end-to-end tests and the benchmarks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import wave
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import websockets
+
+from services.common.audio import AudioF32, float_to_pcm16, pcm16_to_float, resample
+from services.common.settings import ALLOWED_SAMPLE_RATES
+
+
+@dataclass
+class Received:
+    """Everything one turn brought back, with arrival times (time.monotonic)."""
+
+    events: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
+    audio: bytearray = field(default_factory=bytearray)
+    first_audio_at: float | None = None
+    last_speech_sent_at: float | None = None
+
+    def of_type(self, kind: str) -> list[dict[str, Any]]:
+        return [event for _, event in self.events if event.get("type") == kind]
+
+    def time_of(self, kind: str) -> float | None:
+        return next((t for t, event in self.events if event.get("type") == kind), None)
+
+    @property
+    def voice_to_voice_ms(self) -> float | None:
+        """Last speech frame sent → first agent audio frame received."""
+        if self.first_audio_at is None or self.last_speech_sent_at is None:
+            return None
+        return (self.first_audio_at - self.last_speech_sent_at) * 1000
+
+
+def read_wav(path: Path) -> tuple[AudioF32, int]:
+    """A mono PCM16 wav file as float samples and its rate."""
+    with wave.open(str(path), "rb") as wav:
+        if wav.getsampwidth() != 2:
+            raise ValueError(f"{path}: only 16-bit PCM wav is supported")
+        frames = wav.readframes(wav.getnframes())
+        audio = pcm16_to_float(frames)
+        if wav.getnchannels() > 1:
+            audio = audio.reshape(-1, wav.getnchannels()).mean(axis=1).astype(np.float32)
+        return audio, wav.getframerate()
+
+
+def write_wav(path: Path, pcm16: bytes, rate: int) -> None:
+    """Write mono PCM16 bytes as a wav file."""
+    with wave.open(str(path), "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(rate)
+        wav.writeframes(pcm16)
+
+
+class StreamClient:
+    """One `/v1/stream` session."""
+
+    def __init__(self, url: str, on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
+        self.url = url
+        self.on_event = on_event
+        self.ws: Any = None
+        self.session: dict[str, Any] = {}
+        self._received = Received()
+        self._reader: asyncio.Task[None] | None = None
+        self._changed = asyncio.Event()
+
+    async def __aenter__(self) -> StreamClient:
+        self.ws = await websockets.connect(self.url, max_size=None, compression=None)
+        created = json.loads(await self.ws.recv())
+        if created.get("type") != "session.created":
+            raise RuntimeError(f"expected session.created, got {created}")
+        self.session = created["session"]
+        self._reader = asyncio.create_task(self._read(), name="client-reader")
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+        await self.ws.close()
+
+    @property
+    def output_rate(self) -> int:
+        return int(self.session.get("output_sample_rate", 24000))
+
+    async def send(self, message: dict[str, Any]) -> None:
+        await self.ws.send(json.dumps(message))
+
+    def new_turn(self) -> Received:
+        """Start recording a fresh turn."""
+        self._received = Received()
+        return self._received
+
+    async def speak(
+        self, audio: AudioF32, rate: int, frame_ms: int = 20, lead_silence_ms: int = 300
+    ) -> Received:
+        """Stream audio at real-time pace (resampled to the session's input rate).
+
+        A live microphone hears a little silence before speech: `lead_silence_ms` of it
+        is sent first. `last_speech_sent_at` is when the last frame of `audio` left.
+        """
+        received = self._received
+        input_rate = rate if rate in ALLOWED_SAMPLE_RATES else 16000
+        if input_rate != self.session.get("input_sample_rate"):
+            await self.send(
+                {"type": "session.update", "session": {"input_sample_rate": input_rate}}
+            )
+            await self.wait_for("session.updated")
+        if input_rate != rate:
+            audio = resample(audio, rate, input_rate)
+        lead = np.zeros(input_rate * lead_silence_ms // 1000, dtype=np.float32)
+        audio = np.concatenate([lead, audio])
+        step = input_rate * frame_ms // 1000
+        start = time.monotonic()
+        for i, offset in enumerate(range(0, audio.size, step)):
+            await self.ws.send(float_to_pcm16(audio[offset : offset + step]))
+            delay = start + (i + 1) * frame_ms / 1000 - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        received.last_speech_sent_at = time.monotonic()
+        return received
+
+    async def silence_until(
+        self,
+        kind: str,
+        timeout_s: float,
+        frame_ms: int = 20,
+        predicate: Callable[[dict[str, Any]], bool] | None = None,
+    ) -> dict[str, Any]:
+        """Keep streaming silence (as a live microphone would) until an event arrives."""
+        rate = int(self.session.get("input_sample_rate", 16000))
+        frame = bytes(2 * rate * frame_ms // 1000)
+        deadline = time.monotonic() + timeout_s
+        start = time.monotonic()
+        i = 0
+        while time.monotonic() < deadline:
+            found = self._find(kind, predicate)
+            if found is not None:
+                return found
+            await self.ws.send(frame)
+            i += 1
+            delay = start + i * frame_ms / 1000 - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        raise TimeoutError(
+            f"no {kind} within {timeout_s} s; got {[e for _, e in self._received.events]}"
+        )
+
+    async def wait_for(
+        self,
+        kind: str,
+        timeout_s: float = 10.0,
+        predicate: Callable[[dict[str, Any]], bool] | None = None,
+    ) -> dict[str, Any]:
+        """Wait (sending nothing) for an event of this turn."""
+        async with asyncio.timeout(timeout_s):
+            while (found := self._find(kind, predicate)) is None:
+                self._changed.clear()
+                await self._changed.wait()
+        return found
+
+    def _find(
+        self, kind: str, predicate: Callable[[dict[str, Any]], bool] | None
+    ) -> dict[str, Any] | None:
+        for _, event in self._received.events:
+            if event.get("type") == kind and (predicate is None or predicate(event)):
+                return event
+        return None
+
+    async def _read(self) -> None:
+        async for message in self.ws:
+            now = time.monotonic()
+            received = self._received
+            if isinstance(message, bytes):
+                if received.first_audio_at is None:
+                    received.first_audio_at = now
+                received.audio.extend(message)
+            else:
+                event = json.loads(message)
+                received.events.append((now, event))
+                if self.on_event is not None:
+                    self.on_event(event)
+            self._changed.set()
+
+
+async def talk(url: str, wav: Path, out: Path | None, timeout_s: float = 30.0) -> Received:
+    """Speak a wav file to the agent, print events, save the reply audio."""
+
+    def show(event: dict[str, Any]) -> None:
+        print(json.dumps(event), flush=True)
+
+    audio, rate = read_wav(wav)
+    async with StreamClient(url, on_event=show) as client:
+        show({"type": "session.created", "session": client.session})
+        client.new_turn()
+        received = await client.speak(audio, rate)
+        await client.silence_until("response.done", timeout_s)
+        if out is not None:
+            write_wav(out, bytes(received.audio), client.output_rate)
+            print(f"saved {len(received.audio) // 2} samples of agent audio to {out}", flush=True)
+        if received.voice_to_voice_ms is not None:
+            print(f"voice-to-voice: {received.voice_to_voice_ms:.0f} ms", flush=True)
+        await client.send({"type": "session.close"})
+        return received

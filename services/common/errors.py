@@ -1,0 +1,98 @@
+"""Domain exceptions, raised inside the services and mapped once at the edge.
+
+Each error knows its wire `code` (PROTOCOL.md), the WebSocket close code to use
+when it is fatal, and the HTTP status for REST endpoints.
+"""
+
+from __future__ import annotations
+
+
+class VoiceAgentError(Exception):
+    """Base of every error that reaches a client."""
+
+    code: str = "internal"
+    http_status: int = 500
+    close_code: int = 1011
+    fatal: bool = False
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidMessage(VoiceAgentError):
+    """A client message that is not valid JSON or not a known event."""
+
+    code = "invalid_message"
+    http_status = 400
+
+
+class InvalidAudio(VoiceAgentError):
+    """Audio that cannot be decoded or has the wrong shape."""
+
+    code = "invalid_audio"
+    http_status = 400
+
+
+class UnsupportedSampleRate(VoiceAgentError):
+    """A sample rate outside the allowed set."""
+
+    code = "unsupported_sample_rate"
+    http_status = 400
+
+
+class FrameTooBig(VoiceAgentError):
+    """A WebSocket frame larger than the contract allows."""
+
+    code = "invalid_audio"
+    http_status = 413
+    close_code = 1009
+    fatal = True
+
+
+class CapacityError(VoiceAgentError):
+    """The service is at capacity; retry later."""
+
+    code = "capacity"
+    http_status = 503
+    close_code = 1013
+    fatal = True
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class EngineUnavailable(VoiceAgentError):
+    """A model or engine that is not loaded or cannot load. The message names the fix."""
+
+    code = "internal"
+    http_status = 503
+
+
+class AsrUnavailable(VoiceAgentError):
+    """No ASR worker answered in time."""
+
+    code = "asr_unavailable"
+    http_status = 503
+
+
+class TtsUnavailable(VoiceAgentError):
+    """No TTS worker answered in time."""
+
+    code = "tts_unavailable"
+    http_status = 503
+
+
+class UnknownVoice(VoiceAgentError):
+    """A voice name the TTS engine does not know."""
+
+    code = "invalid_message"
+    http_status = 400
+
+
+class AgentFailed(VoiceAgentError):
+    """The agent (LLM) failed or timed out; the session goes on."""
+
+    code = "agent_failed"
+    http_status = 502

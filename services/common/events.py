@@ -1,0 +1,280 @@
+"""The wire protocol (PROTOCOL.md) as typed models, parsed once at the edge.
+
+Client messages are parsed with one discriminated-union adapter per endpoint;
+unknown fields are ignored, an unknown `type` or bad field is InvalidMessage.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from services.common.errors import InvalidMessage, UnsupportedSampleRate
+
+SampleRate = Literal[8000, 16000, 24000, 48000]
+
+
+class Event(BaseModel):
+    """Base of every wire message: unknown fields are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    def dump(self) -> str:
+        """JSON text for a WebSocket text frame."""
+        return self.model_dump_json(exclude_none=True)
+
+
+# ---------------------------------------------------------------- gateway session
+
+
+class SessionConfig(BaseModel):
+    """The session as the client sees it."""
+
+    id: str
+    input_sample_rate: SampleRate = 16000
+    output_sample_rate: SampleRate = 24000
+    voice: str = "default"
+    language: str | None = "en"
+    agent: str = "echo"
+    resumed: bool | None = None
+
+
+class SessionPatch(BaseModel):
+    """A subset of the session's settings, sent with `session.update`."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    input_sample_rate: SampleRate | None = None
+    output_sample_rate: SampleRate | None = None
+    voice: str | None = Field(default=None, min_length=1, max_length=128)
+    language: str | None = Field(default=None, max_length=16)
+    agent: str | None = Field(default=None, min_length=1, max_length=64)
+
+
+# ---------------------------------------------------------------- client → gateway
+
+
+class SessionUpdate(Event):
+    type: Literal["session.update"]
+    session: SessionPatch
+
+
+class InputAudioCommit(Event):
+    type: Literal["input_audio.commit"]
+
+
+class InputAudioClear(Event):
+    type: Literal["input_audio.clear"]
+
+
+class ConversationText(Event):
+    type: Literal["conversation.text"]
+    text: str = Field(min_length=1, max_length=8192)
+
+
+class ResponseCreate(Event):
+    type: Literal["response.create"]
+    text: str | None = Field(default=None, max_length=8192)
+
+
+class ResponseCancel(Event):
+    type: Literal["response.cancel"]
+
+
+class SessionClose(Event):
+    type: Literal["session.close"]
+
+
+ClientEvent = Annotated[
+    SessionUpdate
+    | InputAudioCommit
+    | InputAudioClear
+    | ConversationText
+    | ResponseCreate
+    | ResponseCancel
+    | SessionClose,
+    Field(discriminator="type"),
+]
+
+# ---------------------------------------------------------------- gateway → client
+
+
+class SessionCreated(Event):
+    type: Literal["session.created"] = "session.created"
+    session: SessionConfig
+
+
+class SessionUpdated(Event):
+    type: Literal["session.updated"] = "session.updated"
+    session: SessionConfig
+
+
+class SpeechStarted(Event):
+    type: Literal["speech.started"] = "speech.started"
+    utterance_id: str
+    audio_start_ms: int
+
+
+class SpeechStopped(Event):
+    type: Literal["speech.stopped"] = "speech.stopped"
+    utterance_id: str
+    audio_end_ms: int
+
+
+class TranscriptPartial(Event):
+    type: Literal["transcript.partial"] = "transcript.partial"
+    utterance_id: str
+    text: str
+
+
+class TranscriptFinal(Event):
+    type: Literal["transcript.final"] = "transcript.final"
+    utterance_id: str
+    text: str
+    audio_start_ms: int
+    audio_end_ms: int
+
+
+class ResponseCreated(Event):
+    type: Literal["response.created"] = "response.created"
+    response_id: str
+    utterance_id: str | None = None
+
+
+class ResponseTextDelta(Event):
+    type: Literal["response.text.delta"] = "response.text.delta"
+    response_id: str
+    delta: str
+
+
+class ResponseAudioDone(Event):
+    type: Literal["response.audio.done"] = "response.audio.done"
+    response_id: str
+    audio_ms: int
+
+
+class ResponseDone(Event):
+    type: Literal["response.done"] = "response.done"
+    response_id: str
+    status: Literal["completed", "cancelled", "failed"]
+    text: str
+
+
+class OutputAudioClear(Event):
+    type: Literal["output_audio.clear"] = "output_audio.clear"
+    response_id: str
+
+
+class ErrorEvent(Event):
+    type: Literal["error"] = "error"
+    code: str
+    message: str
+    fatal: bool = False
+    id: str | None = None
+
+
+# ---------------------------------------------------------------- ASR stream
+
+
+class AsrCommit(Event):
+    type: Literal["commit"]
+
+
+class AsrClose(Event):
+    type: Literal["close"]
+
+
+AsrClientEvent = Annotated[AsrCommit | AsrClose, Field(discriminator="type")]
+
+
+class AsrReady(Event):
+    type: Literal["ready"] = "ready"
+    sample_rate: int
+
+
+class SegmentStarted(Event):
+    type: Literal["speech.started"] = "speech.started"
+    segment_id: str
+    start_ms: int
+
+
+class SegmentPartial(Event):
+    type: Literal["transcript.partial"] = "transcript.partial"
+    segment_id: str
+    text: str
+
+
+class SegmentFinal(Event):
+    type: Literal["transcript.final"] = "transcript.final"
+    segment_id: str
+    text: str
+    start_ms: int
+    end_ms: int
+
+
+# ---------------------------------------------------------------- TTS stream
+
+
+class Speak(Event):
+    type: Literal["speak"]
+    id: str = Field(min_length=1, max_length=128)
+    text: str = Field(max_length=100_000)
+    voice: str | None = Field(default=None, max_length=128)
+    sample_rate: SampleRate | None = None
+    speed: float = Field(default=1.0, ge=0.25, le=4.0)
+
+
+class CancelSpeak(Event):
+    type: Literal["cancel"]
+    id: str
+
+
+TtsClientEvent = Annotated[Speak | CancelSpeak, Field(discriminator="type")]
+
+
+class TtsReady(Event):
+    type: Literal["ready"] = "ready"
+
+
+class AudioStart(Event):
+    type: Literal["audio.start"] = "audio.start"
+    id: str
+    sample_rate: int
+
+
+class AudioDone(Event):
+    type: Literal["audio.done"] = "audio.done"
+    id: str
+    audio_ms: int
+    status: Literal["completed", "cancelled"]
+
+
+# ---------------------------------------------------------------- parsing
+
+T = TypeVar("T")
+
+CLIENT_EVENTS: TypeAdapter[ClientEvent] = TypeAdapter(ClientEvent)
+ASR_CLIENT_EVENTS: TypeAdapter[AsrClientEvent] = TypeAdapter(AsrClientEvent)
+TTS_CLIENT_EVENTS: TypeAdapter[TtsClientEvent] = TypeAdapter(TtsClientEvent)
+
+
+def parse(adapter: TypeAdapter[T], text: str) -> T:
+    """Parse one client text frame; anything malformed is InvalidMessage."""
+    try:
+        raw: Any = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidMessage(f"not valid JSON: {exc.msg}") from exc
+    if not isinstance(raw, dict) or not isinstance(raw.get("type"), str):
+        raise InvalidMessage("a message must be a JSON object with a string `type`")
+    try:
+        return adapter.validate_python(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        if first["type"] == "union_tag_invalid":
+            raise InvalidMessage(f"unknown message type {raw['type']!r}") from exc
+        where = ".".join(str(p) for p in first["loc"][1:]) or raw["type"]
+        if where.endswith("sample_rate") and first["type"] == "literal_error":
+            raise UnsupportedSampleRate(f"{where}: {first['msg']}") from exc
+        raise InvalidMessage(f"bad {raw['type']!r} message: {where}: {first['msg']}") from exc

@@ -1,0 +1,93 @@
+"""Units of work and their results as they travel over Redis (ARCHITECTURE.md).
+
+A job is a stream entry with two fields: `meta` (the JSON of one of these models)
+and, where there is audio, `audio` (raw PCM16 bytes; never base64).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+
+class BusMessage(BaseModel):
+    """Base of every message on the bus."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    job_id: str
+    """Idempotency key: a reclaimed job repeats its job_id, and consumers drop repeats."""
+
+    def dump(self) -> bytes:
+        """The `meta` field of a stream entry."""
+        return self.model_dump_json().encode()
+
+
+class AsrJob(BusMessage):
+    kind: Literal["asr.job"] = "asr.job"
+    session_id: str
+    utterance_id: str
+    reply_to: str
+    mode: Literal["final", "partial"] = "final"
+    sample_rate: int = 16000
+    language: str | None = None
+    enqueued_at: float = 0.0
+
+
+class TtsJob(BusMessage):
+    kind: Literal["tts.job"] = "tts.job"
+    session_id: str
+    response_id: str
+    seq: int = Field(ge=0)
+    text: str
+    voice: str
+    sample_rate: int
+    reply_to: str
+    speed: float = 1.0
+    enqueued_at: float = 0.0
+
+
+class AsrResult(BusMessage):
+    kind: Literal["asr.result"] = "asr.result"
+    session_id: str
+    utterance_id: str
+    mode: Literal["final", "partial"] = "final"
+    text: str
+    language: str | None = None
+    latency_ms: float = 0.0
+
+
+class TtsChunk(BusMessage):
+    """Meta of one audio chunk; the PCM16 itself is the entry's `audio` field."""
+
+    kind: Literal["tts.chunk"] = "tts.chunk"
+    session_id: str
+    response_id: str
+    seq: int
+    index: int
+    sample_rate: int
+
+
+class TtsDone(BusMessage):
+    kind: Literal["tts.done"] = "tts.done"
+    session_id: str
+    response_id: str
+    seq: int
+    chunks: int
+    audio_ms: int
+    status: Literal["completed", "cancelled"]
+
+
+class JobFailed(BusMessage):
+    kind: Literal["job.failed"] = "job.failed"
+    session_id: str
+    code: str
+    message: str
+    response_id: str | None = None
+    utterance_id: str | None = None
+    seq: int | None = None
+
+
+BusResult = Annotated[AsrResult | TtsChunk | TtsDone | JobFailed, Field(discriminator="kind")]
+RESULTS: TypeAdapter[BusResult] = TypeAdapter(BusResult)

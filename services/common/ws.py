@@ -1,0 +1,98 @@
+"""WebSocket edge helpers: one serialized sender, frame reception, error mapping."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from services.common import metrics
+from services.common.errors import FrameTooBig, VoiceAgentError
+from services.common.events import ErrorEvent, Event
+
+log = logging.getLogger(__name__)
+
+
+class Disconnected(Exception):
+    """The peer went away."""
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One received frame: exactly one of text/data is set."""
+
+    text: str | None = None
+    data: bytes | None = None
+
+
+class Channel:
+    """A WebSocket whose sends are serialized (many tasks write to one socket)."""
+
+    def __init__(self, ws: WebSocket, service: str, max_frame_bytes: int) -> None:
+        self.ws = ws
+        self.service = service
+        self.max_frame_bytes = max_frame_bytes
+        self._lock = asyncio.Lock()
+        self.closed = False
+
+    async def receive(self) -> Frame:
+        """The next frame; Disconnected when the peer closed; FrameTooBig above the cap."""
+        message = await self.ws.receive()
+        if message["type"] == "websocket.disconnect":
+            self.closed = True
+            raise Disconnected
+        data = message.get("bytes")
+        if data is not None:
+            if len(data) > self.max_frame_bytes:
+                raise FrameTooBig(f"frame of {len(data)} bytes exceeds {self.max_frame_bytes}")
+            return Frame(data=data)
+        text = message.get("text") or ""
+        if len(text) > self.max_frame_bytes:
+            raise FrameTooBig(f"message of {len(text)} characters is too big")
+        return Frame(text=text)
+
+    async def send(self, event: Event) -> None:
+        await self._send_text(event.dump())
+
+    async def send_audio(self, data: bytes) -> None:
+        async with self._lock:
+            if self.closed:
+                return
+            try:
+                await self.ws.send_bytes(data)
+            except (WebSocketDisconnect, RuntimeError, OSError):
+                self.closed = True
+
+    async def send_error(self, exc: VoiceAgentError, request_id: str | None = None) -> None:
+        """Report a domain error as an `error` event (and count it)."""
+        metrics.ERRORS.labels(self.service, exc.code).inc()
+        await self.send(
+            ErrorEvent(code=exc.code, message=exc.message, fatal=exc.fatal, id=request_id)
+        )
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        async with self._lock:
+            if self.closed or self.ws.application_state == WebSocketState.DISCONNECTED:
+                self.closed = True
+                return
+            self.closed = True
+            try:
+                await self.ws.close(code, reason[:120])
+            except (RuntimeError, OSError):
+                log.debug("close after disconnect", exc_info=True)
+
+    async def fail(self, exc: VoiceAgentError) -> None:
+        """A fatal error: tell the client, then close with the error's close code."""
+        await self.send_error(exc)
+        await self.close(exc.close_code, exc.message)
+
+    async def _send_text(self, text: str) -> None:
+        async with self._lock:
+            if self.closed:
+                return
+            try:
+                await self.ws.send_text(text)
+            except (WebSocketDisconnect, RuntimeError, OSError):
+                self.closed = True

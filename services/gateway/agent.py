@@ -1,0 +1,41 @@
+"""Agents: what decides the reply. Chosen per session by name."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One turn of the conversation; an agent turn holds what the user heard."""
+
+    role: Literal["user", "agent"]
+    text: str
+
+
+class Agent(Protocol):
+    """Produces the reply to the conversation as a stream of text deltas."""
+
+    name: str
+
+    def respond(self, history: list[Turn]) -> AsyncIterator[str]:
+        """Text deltas of the reply to `history` (whose last turn is usually the user's)."""
+        ...
+
+
+class EchoAgent:
+    """Says back what the user said last."""
+
+    name = "echo"
+
+    async def respond(self, history: list[Turn]) -> AsyncIterator[str]:
+        for turn in reversed(history):
+            if turn.role == "user":
+                if turn.text.strip():
+                    yield turn.text.strip()
+                return
+
+
+AGENTS: dict[str, Callable[[], Agent]] = {"echo": EchoAgent}

@@ -1,0 +1,111 @@
+"""The gateway: `create_app(settings)` wires sessions, VAD, the bus and ops routes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Query, WebSocket
+
+from services.common.bus import connect
+from services.common.errors import CapacityError, VoiceAgentError
+from services.common.events import SessionConfig, SessionCreated
+from services.common.jobs import BusResult
+from services.common.lifecycle import Background
+from services.common.listener import Listener
+from services.common.service import ServiceState, install_ops
+from services.common.vad import SileroVad
+from services.common.ws import Channel, Disconnected
+from services.gateway import metrics
+from services.gateway.agent import AGENTS, Agent
+from services.gateway.bus import GatewayBus
+from services.gateway.session import Session, new_id
+from services.gateway.settings import GatewaySettings
+
+log = logging.getLogger(__name__)
+
+
+def create_app(
+    settings: GatewaySettings, agents: dict[str, Callable[[], Agent]] | None = None
+) -> FastAPI:
+    """The gateway app. VAD loads in `lifespan`, never at import."""
+    section = settings.gateway
+    agents = agents or AGENTS
+    gateway_id = section.gateway_id or f"gw-{uuid.uuid4().hex[:12]}"
+    redis = connect(settings.redis)
+    bus = GatewayBus(redis, settings.redis, gateway_id)
+    sessions: dict[str, Session] = {}
+    state = ServiceState(service="gateway", redis=redis, engine="silero-vad", model="silero_vad_v6")
+    state.extra = lambda: {"gateway_id": gateway_id, "sessions": len(sessions)}
+    vad_holder: dict[str, SileroVad] = {}
+    background = Background()
+
+    def deliver(result: BusResult, audio: bytes | None) -> None:
+        session = sessions.get(result.session_id)
+        if session is None:
+            metrics.STALE_DROPPED.labels("no_session").inc()
+        else:
+            session.deliver(result, audio)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        vad_holder["vad"] = await asyncio.to_thread(SileroVad)
+        try:
+            await bus.reset()
+        except Exception as exc:
+            log.warning("redis unreachable at start-up (%s): will keep trying", exc)
+        background.start(bus.route_results(deliver), "gateway-results")
+        state.model_loaded = True
+        log.info("gateway %s ready", gateway_id)
+        try:
+            yield
+        finally:
+            state.draining = True
+            await background.stop()
+            await redis.aclose()
+
+    app = FastAPI(title="voice-agent gateway", lifespan=lifespan)
+    install_ops(app, state)
+
+    @app.websocket("/v1/stream")
+    async def stream(ws: WebSocket, session_id: str | None = Query(None, max_length=64)) -> None:
+        await ws.accept()
+        channel = Channel(ws, "gateway", section.server.ws_max_frame_bytes)
+        if state.draining or len(sessions) >= section.max_sessions:
+            metrics.SESSIONS_REFUSED.labels("draining" if state.draining else "capacity").inc()
+            await channel.fail(CapacityError("gateway at capacity; retry after 1 s"))
+            return
+        config = SessionConfig(
+            id=new_id("sess"),
+            voice=section.default_voice,
+            agent=section.default_agent,
+            language=section.default_language,
+        )
+        listener = Listener(vad_holder["vad"], settings.vad, config.input_sample_rate)
+        state.connection_opened()
+        metrics.SESSIONS.inc()
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                session = Session(config, channel, bus, listener, section, tasks, agents)
+                sessions[config.id] = session
+                await channel.send(SessionCreated(session=config))
+                await session.serve()
+        except* Disconnected:
+            pass
+        except* VoiceAgentError as group:
+            await channel.fail(group.exceptions[0])  # type: ignore[arg-type]
+        except* Exception:
+            log.exception("session %s failed", config.id)
+            await channel.close(1011, "internal error")
+        finally:
+            sessions.pop(config.id, None)
+            metrics.SESSIONS.dec()
+            state.connection_closed()
+
+    app.state.service = state
+    app.state.sessions = sessions
+    app.state.gateway_id = gateway_id
+    return app

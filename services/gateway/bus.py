@@ -1,0 +1,80 @@
+"""The gateway's side of the Redis bus: submit jobs, receive results on its own stream."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import ValidationError
+from redis.asyncio import Redis
+
+from services.common.bus import Fields, JobStream, Keys, cancel
+from services.common.jobs import RESULTS, AsrJob, BusResult, TtsJob
+from services.common.settings import RedisSettings
+from services.common.worker import REDIS_DOWN
+
+log = logging.getLogger(__name__)
+
+Deliver = Callable[[BusResult, bytes | None], None]
+
+
+class GatewayBus:
+    """Submits ASR/TTS jobs whose results come back to this gateway's stream."""
+
+    def __init__(self, redis: Redis, settings: RedisSettings, gateway_id: str) -> None:
+        self.redis = redis
+        self.settings = settings
+        self.keys = Keys(settings.prefix)
+        self.reply_to = self.keys.results(gateway_id)
+        self._asr = {
+            lane: JobStream(redis, settings, self.keys.jobs("asr", lane), "asr", gateway_id)
+            for lane in ("final", "partial")
+        }
+        self._tts = JobStream(redis, settings, self.keys.jobs("tts"), "tts", gateway_id)
+
+    async def submit_asr(self, job: AsrJob, pcm16: bytes) -> None:
+        await self._asr[job.mode].submit({b"meta": job.dump(), b"audio": pcm16})
+
+    async def submit_tts(self, job: TtsJob) -> None:
+        await self._tts.submit({b"meta": job.dump()})
+
+    async def cancel(self, response_id: str) -> None:
+        await cancel(self.redis, self.keys, self.settings, response_id)
+
+    async def route_results(self, deliver: Deliver) -> None:
+        """Read this gateway's result stream forever, handing each result to `deliver`.
+
+        Starts from the beginning: `reset` cleared what an earlier process left.
+        """
+        last_id = b"0-0"
+        backoff = 0.2
+        while True:
+            try:
+                reply: Any = await self.redis.xread(
+                    {self.reply_to: last_id}, count=256, block=self.settings.block_ms
+                )
+                backoff = 0.2
+            except REDIS_DOWN as exc:
+                log.warning("redis unreachable reading results: %s", exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            for _, entries in reply or []:
+                for entry_id, fields in entries:
+                    last_id = entry_id
+                    self._dispatch(fields, deliver)
+
+    @staticmethod
+    def _dispatch(fields: Fields, deliver: Deliver) -> None:
+        try:
+            result = RESULTS.validate_json(fields[b"meta"])
+        except (KeyError, ValidationError):
+            log.error("malformed result dropped: %r", fields.get(b"meta", b"")[:200])
+            return
+        deliver(result, fields.get(b"audio"))
+
+    async def reset(self) -> None:
+        """Drop results an earlier process with the same id left behind."""
+        await self.redis.delete(self.reply_to)

@@ -1,0 +1,31 @@
+"""Metrics of the gateway: per-stage latencies of a conversation."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+STAGE_BUCKETS = (0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0)
+
+SESSIONS = Gauge("va_gateway_sessions_active", "Sessions open on this gateway process.")
+SESSIONS_REFUSED = Counter(
+    "va_gateway_sessions_refused_total", "Sessions refused at admission, by reason.", ["reason"]
+)
+ASR_ROUNDTRIP = Histogram(
+    "va_gateway_asr_seconds",
+    "From end of turn to the final transcript (Redis round trip and ASR).",
+    buckets=STAGE_BUCKETS,
+)
+TTS_FIRST_AUDIO = Histogram(
+    "va_gateway_tts_first_audio_seconds",
+    "From a response's first TTS job to its first audio chunk at the gateway.",
+    buckets=STAGE_BUCKETS,
+)
+VOICE_TO_VOICE = Histogram(
+    "va_voice_to_voice_seconds",
+    "From the end of the user's speech to the first agent audio frame sent.",
+    buckets=STAGE_BUCKETS,
+)
+RESPONSES = Counter("va_gateway_responses_total", "Responses ended, by status.", ["status"])
+STALE_DROPPED = Counter(
+    "va_gateway_stale_results_total", "Bus results dropped as stale or repeated.", ["kind"]
+)

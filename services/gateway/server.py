@@ -1,0 +1,20 @@
+"""Start the gateway: `python services/gateway/server.py [--port N]` or `voice-agent gateway`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make the repo importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from services.common.serve import run_service
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the gateway until interrupted."""
+    run_service("gateway", argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,454 @@
+"""The session state machine: turns in, transcripts, agent responses and paced audio out.
+
+Inputs: client audio and events (`serve`), and bus results (`deliver`, via an inbox
+so one slow client never stalls the gateway's result reader). Every task the
+session starts lives in the connection's task group and is cancelled with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from services.common.audio import float_to_pcm16, ms_to_samples
+from services.common.errors import (
+    AgentFailed,
+    AsrUnavailable,
+    InvalidMessage,
+    TtsUnavailable,
+    VoiceAgentError,
+)
+from services.common.events import (
+    CLIENT_EVENTS,
+    ConversationText,
+    InputAudioClear,
+    InputAudioCommit,
+    OutputAudioClear,
+    ResponseAudioDone,
+    ResponseCancel,
+    ResponseCreate,
+    ResponseCreated,
+    ResponseDone,
+    ResponseTextDelta,
+    SessionClose,
+    SessionConfig,
+    SessionUpdate,
+    SessionUpdated,
+    SpeechStarted,
+    SpeechStopped,
+    TranscriptFinal,
+    TranscriptPartial,
+    parse,
+)
+from services.common.jobs import AsrJob, AsrResult, BusResult, JobFailed, TtsChunk, TtsDone, TtsJob
+from services.common.listener import Listener
+from services.common.turns import SpeechEnd, SpeechStart
+from services.common.ws import Channel
+from services.gateway import metrics
+from services.gateway.agent import AGENTS, Agent, Turn
+from services.gateway.bus import GatewayBus
+from services.gateway.chunking import Chunker
+from services.gateway.response import ResponseAudio
+from services.gateway.settings import GatewaySection
+
+log = logging.getLogger(__name__)
+
+
+class SessionClosed(Exception):
+    """The client asked to close the session."""
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:16]}"
+
+
+@dataclass
+class _Utterance:
+    start_ms: int
+    end_ms: int
+    speech_end_at: float
+    timeout: asyncio.TimerHandle | None = None
+
+
+@dataclass
+class _Response:
+    id: str
+    utterance_id: str | None
+    audio: ResponseAudio
+    speech_end_at: float | None
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    play_started: float | None = None
+    sent_bytes: int = 0
+    done: bool = False
+
+
+class Session:
+    """One conversation on one WebSocket."""
+
+    def __init__(
+        self,
+        config: SessionConfig,
+        channel: Channel,
+        bus: GatewayBus,
+        listener: Listener,
+        settings: GatewaySection,
+        tasks: asyncio.TaskGroup,
+        agents: dict[str, Callable[[], Agent]] = AGENTS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.channel = channel
+        self.bus = bus
+        self.listener = listener
+        self.settings = settings
+        self.tasks = tasks
+        self.agents = agents
+        self.clock = clock
+        self.history: list[Turn] = []
+        self.inbox: asyncio.Queue[tuple[BusResult, bytes | None]] = asyncio.Queue(
+            settings.inbox_size
+        )
+        self.utterances: dict[str, _Utterance] = {}
+        self.utterance_id: str | None = None
+        self.response: _Response | None = None
+        self._children: set[asyncio.Task[None]] = set()
+
+    # ------------------------------------------------------------------ inputs
+
+    async def serve(self) -> None:
+        """Read client frames until the client leaves or closes the session."""
+        self._spawn(self._process_inbox(), "inbox")
+        try:
+            while True:
+                frame = await self.channel.receive()
+                try:
+                    if frame.data is not None:
+                        await self._on_turn_events(self.listener.push(frame.data))
+                    else:
+                        await self._on_message(frame.text or "")
+                except SessionClosed:
+                    await self.channel.close(1000, "session closed")
+                    return
+                except VoiceAgentError as exc:
+                    if exc.fatal:
+                        raise
+                    await self.channel.send_error(exc)
+        finally:
+            await self._stop()
+
+    def deliver(self, result: BusResult, audio: bytes | None) -> None:
+        """A bus result for this session (called by the gateway's result reader)."""
+        try:
+            self.inbox.put_nowait((result, audio))
+        except asyncio.QueueFull:
+            log.error("session %s inbox full: result dropped", self.config.id)
+
+    async def _on_message(self, text: str) -> None:
+        message = parse(CLIENT_EVENTS, text)
+        match message:
+            case SessionUpdate():
+                await self._update(message)
+            case InputAudioCommit():
+                end = self.listener.commit()
+                if end is not None:
+                    await self._end_of_turn(end)
+            case InputAudioClear():
+                self.listener.clear()
+                self.utterance_id = None
+            case ConversationText():
+                await self._user_turn(message.text)
+                await self._start_response(None, None)
+            case ResponseCreate():
+                await self._start_response(None, None, fixed_text=message.text)
+            case ResponseCancel():
+                await self._cancel_response()
+            case SessionClose():
+                raise SessionClosed
+
+    async def _update(self, message: SessionUpdate) -> None:
+        patch = message.session.model_dump(exclude_none=True)
+        if "agent" in patch and patch["agent"] not in self.agents:
+            known = ", ".join(sorted(self.agents))
+            raise InvalidMessage(f"unknown agent {patch['agent']!r}; choose one of {known}")
+        if "input_sample_rate" in patch:
+            self.listener.set_input_rate(patch["input_sample_rate"])
+        self.config = self.config.model_copy(update=patch)
+        await self.channel.send(SessionUpdated(session=self.config))
+
+    # ------------------------------------------------------------------ turns
+
+    async def _on_turn_events(self, events: list[SpeechStart | SpeechEnd]) -> None:
+        for event in events:
+            if isinstance(event, SpeechStart):
+                self.utterance_id = new_id("utt")
+                await self.channel.send(
+                    SpeechStarted(utterance_id=self.utterance_id, audio_start_ms=event.start_ms)
+                )
+                if self.response is not None and self.response.sent_bytes > 0:
+                    await self._cancel_response()  # barge-in
+            else:
+                await self._end_of_turn(event)
+
+    async def _end_of_turn(self, end: SpeechEnd) -> None:
+        utterance_id = self.utterance_id or new_id("utt")
+        self.utterance_id = None
+        lag_s = (self.listener.segmenter.position_ms - end.end_ms) / 1000
+        utterance = _Utterance(end.start_ms, end.end_ms, self.clock() - max(0.0, lag_s))
+        await self.channel.send(SpeechStopped(utterance_id=utterance_id, audio_end_ms=end.end_ms))
+        job = AsrJob(
+            job_id=new_id("asr"),
+            session_id=self.config.id,
+            utterance_id=utterance_id,
+            reply_to=self.bus.reply_to,
+            sample_rate=16000,
+            language=self.config.language,
+            enqueued_at=time.time(),
+        )
+        loop = asyncio.get_running_loop()
+        utterance.timeout = loop.call_later(
+            self.settings.asr_timeout_s, self._asr_timed_out, utterance_id
+        )
+        self.utterances[utterance_id] = utterance
+        await self.bus.submit_asr(job, float_to_pcm16(end.audio))
+
+    def _asr_timed_out(self, utterance_id: str) -> None:
+        if self.utterances.pop(utterance_id, None) is not None:
+            error = AsrUnavailable(f"no transcript for {utterance_id} in time")
+            self._spawn(self.channel.send_error(error), "asr-timeout")
+
+    async def _user_turn(self, text: str) -> None:
+        self.history.append(Turn("user", text))
+
+    # ------------------------------------------------------------------ bus results
+
+    async def _process_inbox(self) -> None:
+        while True:
+            result, audio = await self.inbox.get()
+            await self._on_result(result, audio)
+
+    async def _on_result(self, result: BusResult, audio: bytes | None) -> None:
+        match result:
+            case AsrResult(mode="final"):
+                await self._on_transcript(result)
+            case AsrResult():
+                if (
+                    result.utterance_id in self.utterances
+                    or result.utterance_id == self.utterance_id
+                ):
+                    await self.channel.send(
+                        TranscriptPartial(utterance_id=result.utterance_id, text=result.text)
+                    )
+            case TtsChunk():
+                active = self._current(result.response_id)
+                if (
+                    active is None
+                    or audio is None
+                    or not active.audio.add_audio(result.seq, result.index, audio)
+                ):
+                    metrics.STALE_DROPPED.labels("tts_chunk").inc()
+            case TtsDone():
+                active = self._current(result.response_id)
+                if active is not None and result.status == "completed":
+                    active.audio.finish_chunk(result.seq, result.chunks)
+            case JobFailed():
+                await self._on_failed(result)
+
+    async def _on_transcript(self, result: AsrResult) -> None:
+        utterance = self.utterances.pop(result.utterance_id, None)
+        if utterance is None:
+            metrics.STALE_DROPPED.labels("asr_result").inc()
+            return  # a repeat, or timed out: exactly one final per utterance
+        if utterance.timeout is not None:
+            utterance.timeout.cancel()
+        metrics.ASR_ROUNDTRIP.observe(self.clock() - utterance.speech_end_at)
+        await self.channel.send(
+            TranscriptFinal(
+                utterance_id=result.utterance_id,
+                text=result.text,
+                audio_start_ms=utterance.start_ms,
+                audio_end_ms=utterance.end_ms,
+            )
+        )
+        if result.text.strip():
+            await self._user_turn(result.text)
+            await self._start_response(result.utterance_id, utterance.speech_end_at)
+
+    async def _on_failed(self, result: JobFailed) -> None:
+        if result.utterance_id is not None:
+            utterance = self.utterances.pop(result.utterance_id, None)
+            if utterance is not None and utterance.timeout is not None:
+                utterance.timeout.cancel()
+            await self.channel.send_error(AsrUnavailable(result.message))
+        elif result.response_id is not None and result.seq is not None:
+            active = self._current(result.response_id)
+            if active is not None:
+                active.audio.finish_chunk(result.seq, 0, failed=True)
+                await self.channel.send_error(TtsUnavailable(result.message))
+
+    def _current(self, response_id: str) -> _Response | None:
+        active = self.response
+        return active if active is not None and active.id == response_id else None
+
+    # ------------------------------------------------------------------ responses
+
+    async def _start_response(
+        self, utterance_id: str | None, speech_end_at: float | None, fixed_text: str | None = None
+    ) -> None:
+        await self._cancel_response()
+        response_id = new_id("resp")
+        active = _Response(response_id, utterance_id, ResponseAudio(response_id), speech_end_at)
+        self.response = active
+        await self.channel.send(ResponseCreated(response_id=response_id, utterance_id=utterance_id))
+        active.tasks.append(self._spawn(self._produce(active, fixed_text), "produce"))
+        active.tasks.append(self._spawn(self._play(active), "play"))
+
+    async def _produce(self, active: _Response, fixed_text: str | None) -> None:
+        """Agent text → deltas to the client → sentence chunks → TTS jobs."""
+        chunker = Chunker(self.settings.first_chunk_words)
+        try:
+            if fixed_text is not None:
+                await self._text(active, chunker, fixed_text)
+            else:
+                agent = self.agents[self.config.agent]()
+                async for delta in agent.respond(list(self.history)):
+                    await self._text(active, chunker, delta)
+        except VoiceAgentError as exc:
+            await self.channel.send_error(exc)
+        except Exception as exc:
+            log.exception("agent %s failed", self.config.agent)
+            await self.channel.send_error(AgentFailed(f"the agent failed: {exc}"))
+        for chunk in chunker.flush():
+            await self._submit_tts(active, chunk)
+        active.audio.finish_text()
+
+    async def _text(self, active: _Response, chunker: Chunker, delta: str) -> None:
+        if not delta:
+            return
+        await self.channel.send(ResponseTextDelta(response_id=active.id, delta=delta))
+        for chunk in chunker.feed(delta):
+            await self._submit_tts(active, chunk)
+
+    async def _submit_tts(self, active: _Response, text: str) -> None:
+        seq = active.audio.add_text(text)
+        job = TtsJob(
+            job_id=new_id("tts"),
+            session_id=self.config.id,
+            response_id=active.id,
+            seq=seq,
+            text=text,
+            voice=self.config.voice,
+            sample_rate=self.config.output_sample_rate,
+            reply_to=self.bus.reply_to,
+            enqueued_at=time.time(),
+        )
+        await self.bus.submit_tts(job)
+
+    async def _play(self, active: _Response) -> None:
+        """Send the response's audio in order, paced at real time plus a lead."""
+        rate = self.config.output_sample_rate
+        frame_bytes = 2 * ms_to_samples(self.settings.output_frame_ms, rate)
+        pending = b""
+        while True:
+            active.audio.changed.clear()
+            pcm = active.audio.next_audio()
+            if pcm is not None:
+                pending += pcm
+                while len(pending) >= frame_bytes:
+                    await self._send_frame(active, pending[:frame_bytes], rate)
+                    pending = pending[frame_bytes:]
+                continue
+            if active.audio.complete:
+                break
+            try:
+                await asyncio.wait_for(active.audio.changed.wait(), self.settings.tts_timeout_s)
+            except TimeoutError:
+                await self.channel.send_error(TtsUnavailable("no TTS audio arrived in time"))
+                await self._finish(active, "failed")
+                return
+        if pending:
+            await self._send_frame(active, pending, rate)
+        status = "failed" if active.sent_bytes == 0 and active.audio.any_failed else "completed"
+        await self._finish(active, status)
+
+    async def _send_frame(self, active: _Response, frame: bytes, rate: int) -> None:
+        now = self.clock()
+        if active.play_started is None:
+            active.play_started = now
+            if active.speech_end_at is not None:
+                metrics.VOICE_TO_VOICE.observe(now - active.speech_end_at)
+        sent_s = active.sent_bytes / (2 * rate)
+        due = active.play_started + sent_s - self.settings.output_lead_ms / 1000
+        if due > now:
+            await asyncio.sleep(due - now)
+        await self.channel.send_audio(frame)
+        active.sent_bytes += len(frame)
+
+    async def _finish(self, active: _Response, status: str) -> None:
+        if active.done:
+            return
+        active.done = True
+        if self.response is active:
+            self.response = None
+        rate = self.config.output_sample_rate
+        audio_ms = round(active.sent_bytes * 1000 / (2 * rate))
+        text = active.audio.text
+        await self.channel.send(ResponseAudioDone(response_id=active.id, audio_ms=audio_ms))
+        await self.channel.send(
+            ResponseDone(
+                response_id=active.id,
+                status="failed" if status == "failed" else "completed",
+                text=text,
+            )
+        )
+        metrics.RESPONSES.labels(status).inc()
+        if text and status == "completed":
+            self.history.append(Turn("agent", text))
+
+    async def _cancel_response(self) -> None:
+        """Stop the current response end to end; the user keeps only what they heard."""
+        active = self.response
+        if active is None or active.done:
+            return
+        active.done = True
+        self.response = None
+        current = asyncio.current_task()
+        for task in active.tasks:
+            if task is not current:
+                task.cancel()
+        await self.bus.cancel(active.id)
+        heard = active.audio.heard_text(self._heard_bytes(active))
+        if active.sent_bytes:
+            await self.channel.send(OutputAudioClear(response_id=active.id))
+        await self.channel.send(ResponseDone(response_id=active.id, status="cancelled", text=heard))
+        metrics.RESPONSES.labels("cancelled").inc()
+        if heard:
+            self.history.append(Turn("agent", heard))
+
+    def _heard_bytes(self, active: _Response) -> int:
+        """Audio that played at the client: sent, minus what its buffer still held."""
+        if active.play_started is None:
+            return 0
+        rate = self.config.output_sample_rate
+        played = int((self.clock() - active.play_started) * rate) * 2
+        return min(active.sent_bytes, played)
+
+    # ------------------------------------------------------------------ tasks
+
+    def _spawn(self, coro: object, name: str) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = self.tasks.create_task(coro, name=f"{self.config.id}-{name}")  # type: ignore[arg-type]
+        self._children.add(task)
+        task.add_done_callback(self._children.discard)
+        return task
+
+    async def _stop(self) -> None:
+        for utterance in self.utterances.values():
+            if utterance.timeout is not None:
+                utterance.timeout.cancel()
+        if self.response is not None and not self.response.done:
+            await self.bus.cancel(self.response.id)
+        for task in list(self._children):
+            task.cancel()

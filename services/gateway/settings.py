@@ -1,0 +1,46 @@
+"""Settings of the gateway."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from services.common.settings import BaseServiceSettings, ServerSettings
+from services.common.vad import VadSettings
+
+
+class GatewaySection(BaseModel):
+    """The gateway proper."""
+
+    server: ServerSettings = ServerSettings(port=8000)
+    """Where the gateway listens."""
+    gateway_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
+    """This process's id on the bus (results come back to it); random when unset."""
+    max_sessions: int = Field(default=200, ge=1, le=100_000)
+    """Sessions this process admits; more are refused with close 1013 and a retry hint."""
+    default_voice: str = "default"
+    """Voice of new sessions."""
+    default_agent: str = "echo"
+    """Agent of new sessions."""
+    default_language: str | None = "en"
+    """Language of new sessions (None: let the ASR engine detect it)."""
+    output_frame_ms: int = Field(default=40, ge=10, le=500)
+    """Size of the agent audio frames sent to the client."""
+    output_lead_ms: int = Field(default=200, ge=0, le=5000)
+    """How far ahead of real time agent audio is sent (the client's buffer)."""
+    asr_timeout_s: float = Field(default=15.0, ge=0.5, le=300)
+    """An utterance without a transcript after this long is reported `asr_unavailable`."""
+    tts_timeout_s: float = Field(default=15.0, ge=0.5, le=300)
+    """A response whose next audio is this late fails with `tts_unavailable`."""
+    first_chunk_words: int = Field(default=6, ge=1, le=100)
+    """The first text chunk sent to TTS is cut at a clause once it has this many words."""
+    inbox_size: int = Field(default=1024, ge=16, le=100_000)
+    """Bus results buffered per session before it counts as stuck."""
+
+
+class GatewaySettings(BaseServiceSettings):
+    """All settings of the gateway (env: `VA_GATEWAY__...`, `VA_VAD__...`, `VA_REDIS__...`)."""
+
+    gateway: GatewaySection = GatewaySection()
+    """The gateway."""
+    vad: VadSettings = VadSettings()
+    """Voice activity detection and end-of-turn."""

@@ -1,0 +1,79 @@
+"""The TTS service: `create_app(settings)` wires engine, synthesizer, transports, ops routes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, WebSocket
+
+from services.common.bus import JobStream, Keys, connect, unique_consumer_name
+from services.common.lifecycle import Background
+from services.common.service import ServiceState, install_ops
+from services.common.worker import JobWorker
+from services.tts.consumer import TtsJobHandler
+from services.tts.engines import create_engine
+from services.tts.engines.base import TtsEngine
+from services.tts.rest import router
+from services.tts.settings import TtsSettings
+from services.tts.stream import serve_tts_stream
+from services.tts.synthesizer import Synthesizer
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: TtsSettings, engine: TtsEngine | None = None) -> FastAPI:
+    """The TTS app. The model loads in `lifespan`, never at import."""
+    section = settings.tts
+    engine = engine or create_engine(section)
+    redis = connect(settings.redis)
+    keys = Keys(settings.redis.prefix)
+    synthesizer = Synthesizer(engine, section.max_concurrent, section.max_queue, section.chunk_ms)
+    state = ServiceState(
+        service="tts",
+        redis=redis,
+        engine=engine.name,
+        model=engine.model,
+        device=engine.device,
+        gpu_index=section.chatterbox.device_index if engine.device.startswith("cuda") else None,
+        queue_depth=synthesizer.depth,
+        extra=lambda: {"active_syntheses": synthesizer.active},
+    )
+    background = Background()
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await asyncio.to_thread(engine.load)
+        state.model_loaded = True
+        jobs = JobStream(
+            redis, settings.redis, keys.jobs("tts"), "tts", unique_consumer_name("tts")
+        )
+        handler = TtsJobHandler(synthesizer, redis, settings.redis, keys)
+        worker = JobWorker(jobs, keys, handler, section.max_concurrent + section.max_concurrent)
+        background.start(worker.run(), "tts-worker")
+        log.info(
+            "TTS ready: engine=%s model=%s device=%s", engine.name, engine.model, engine.device
+        )
+        try:
+            yield
+        finally:
+            state.draining = True
+            await worker.drain(section.server.drain_timeout_s)
+            await background.stop()
+            await redis.aclose()
+
+    app = FastAPI(title="voice-agent TTS", lifespan=lifespan)
+    install_ops(app, state)
+    app.include_router(router(synthesizer, section.max_input_chars))
+
+    @app.websocket("/v1/stream/tts")
+    async def tts_stream(ws: WebSocket) -> None:
+        await serve_tts_stream(
+            ws, state, synthesizer, engine.sample_rate, section.server.ws_max_frame_bytes
+        )
+
+    app.state.service = state
+    app.state.synthesizer = synthesizer
+    return app

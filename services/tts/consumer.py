@@ -1,0 +1,90 @@
+"""The Redis transport of the TTS service: TTS jobs in, audio chunks to the owner's stream."""
+
+from __future__ import annotations
+
+import time
+from contextlib import aclosing
+
+from redis.asyncio import Redis
+
+from services.common import metrics
+from services.common.audio import float_to_pcm16, samples_to_ms
+from services.common.bus import Delivery, Keys, is_cancelled, publish
+from services.common.errors import VoiceAgentError
+from services.common.jobs import JobFailed, TtsChunk, TtsDone, TtsJob
+from services.common.settings import RedisSettings
+from services.tts.engines.base import SpeechRequest
+from services.tts.metrics import TTS_CANCELLED
+from services.tts.synthesizer import Synthesizer
+
+
+class TtsJobHandler:
+    """Synthesizes one text chunk, publishing audio as it comes; stops when cancelled."""
+
+    def __init__(
+        self, synthesizer: Synthesizer, redis: Redis, settings: RedisSettings, keys: Keys
+    ) -> None:
+        self.synthesizer = synthesizer
+        self.redis = redis
+        self.settings = settings
+        self.keys = keys
+
+    async def __call__(self, delivery: Delivery) -> None:
+        job = TtsJob.model_validate_json(delivery.fields[b"meta"])
+        started = time.perf_counter()
+        try:
+            status, chunks, samples = await self._speak(job)
+        except VoiceAgentError as exc:
+            metrics.REQUESTS.labels("tts", "job", "error").inc()
+            metrics.ERRORS.labels("tts", exc.code).inc()
+            failed = JobFailed(
+                job_id=job.job_id,
+                session_id=job.session_id,
+                response_id=job.response_id,
+                seq=job.seq,
+                code=exc.code,
+                message=exc.message,
+            )
+            await self._publish(job, failed.dump())
+            return
+        done = TtsDone(
+            job_id=job.job_id,
+            session_id=job.session_id,
+            response_id=job.response_id,
+            seq=job.seq,
+            chunks=chunks,
+            audio_ms=samples_to_ms(samples, job.sample_rate),
+            status=status,
+        )
+        await self._publish(job, done.dump())
+        metrics.REQUEST_DURATION.labels("tts", "job").observe(time.perf_counter() - started)
+        metrics.REQUESTS.labels("tts", "job", "ok").inc()
+
+    async def _speak(self, job: TtsJob) -> tuple[str, int, int]:
+        if await is_cancelled(self.redis, self.keys, job.response_id):
+            TTS_CANCELLED.inc()
+            return "cancelled", 0, 0
+        voice = self.synthesizer.resolve_voice(job.voice)
+        request = SpeechRequest(text=job.text, voice=voice, speed=job.speed)
+        index = samples = 0
+        async with aclosing(self.synthesizer.stream(request, job.sample_rate)) as chunks:
+            async for chunk in chunks:
+                meta = TtsChunk(
+                    job_id=job.job_id,
+                    session_id=job.session_id,
+                    response_id=job.response_id,
+                    seq=job.seq,
+                    index=index,
+                    sample_rate=job.sample_rate,
+                )
+                await self._publish(job, meta.dump(), float_to_pcm16(chunk))
+                index += 1
+                samples += chunk.size
+                if await is_cancelled(self.redis, self.keys, job.response_id):
+                    TTS_CANCELLED.inc()
+                    return "cancelled", index, samples
+        return "completed", index, samples
+
+    async def _publish(self, job: TtsJob, meta: bytes, audio: bytes | None = None) -> None:
+        fields = {b"meta": meta} if audio is None else {b"meta": meta, b"audio": audio}
+        await publish(self.redis, self.settings, job.reply_to, fields)

@@ -1,0 +1,20 @@
+"""Start the TTS service: `python services/tts/server.py [--port N]` or `voice-agent tts`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make the repo importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from services.common.serve import run_service
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the TTS service until interrupted."""
+    run_service("tts", argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""`WS /v1/stream/tts`: text in, audio chunks out, requests served in order (PROTOCOL.md)."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import aclosing
+
+from fastapi import WebSocket
+
+from services.common.audio import float_to_pcm16, samples_to_ms
+from services.common.errors import CapacityError, InvalidMessage, VoiceAgentError
+from services.common.events import (
+    TTS_CLIENT_EVENTS,
+    AudioDone,
+    AudioStart,
+    CancelSpeak,
+    Speak,
+    TtsReady,
+    parse,
+)
+from services.common.service import ServiceState
+from services.common.ws import Channel, Disconnected
+from services.tts.engines.base import SpeechRequest
+from services.tts.synthesizer import Synthesizer
+
+MAX_QUEUED = 32
+
+
+class TtsStream:
+    """One connection: a reader task takes requests, a speaker task serves them in order."""
+
+    def __init__(self, channel: Channel, synthesizer: Synthesizer, default_rate: int) -> None:
+        self.channel = channel
+        self.synthesizer = synthesizer
+        self.default_rate = default_rate
+        self.requests: asyncio.Queue[Speak] = asyncio.Queue(MAX_QUEUED)
+        self.cancelled: set[str] = set()
+
+    async def read(self) -> None:
+        while True:
+            frame = await self.channel.receive()
+            request_id: str | None = None
+            try:
+                if frame.text is None:
+                    raise InvalidMessage("this endpoint takes JSON text messages only")
+                message = parse(TTS_CLIENT_EVENTS, frame.text)
+                request_id = message.id
+                if isinstance(message, CancelSpeak):
+                    self.cancelled.add(message.id)
+                elif self.requests.full():
+                    raise CapacityError(f"more than {MAX_QUEUED} requests queued")
+                else:
+                    self.synthesizer.resolve_voice(message.voice)  # fail early, by id
+                    self.requests.put_nowait(message)
+            except VoiceAgentError as exc:
+                await self.channel.send_error(exc, request_id)
+
+    async def speak(self) -> None:
+        while True:
+            request = await self.requests.get()
+            try:
+                await self._speak_one(request)
+            except VoiceAgentError as exc:
+                await self.channel.send_error(exc, request.id)
+            finally:
+                self.cancelled.discard(request.id)
+
+    async def _speak_one(self, request: Speak) -> None:
+        rate = request.sample_rate or self.default_rate
+        await self.channel.send(AudioStart(id=request.id, sample_rate=rate))
+        samples = 0
+        status: str = "completed"
+        speech = SpeechRequest(
+            text=request.text,
+            voice=self.synthesizer.resolve_voice(request.voice),
+            speed=request.speed,
+        )
+        if request.id not in self.cancelled:
+            async with aclosing(self.synthesizer.stream(speech, rate)) as chunks:
+                async for chunk in chunks:
+                    if request.id in self.cancelled:
+                        break
+                    await self.channel.send_audio(float_to_pcm16(chunk))
+                    samples += chunk.size
+        if request.id in self.cancelled:
+            status = "cancelled"
+        await self.channel.send(
+            AudioDone(
+                id=request.id,
+                audio_ms=samples_to_ms(samples, rate),
+                status="cancelled" if status == "cancelled" else "completed",
+            )
+        )
+
+
+async def serve_tts_stream(
+    ws: WebSocket,
+    state: ServiceState,
+    synthesizer: Synthesizer,
+    default_rate: int,
+    max_frame_bytes: int,
+) -> None:
+    """Accept and serve one connection."""
+    await ws.accept()
+    channel = Channel(ws, "tts", max_frame_bytes)
+    state.connection_opened()
+    stream = TtsStream(channel, synthesizer, default_rate)
+    try:
+        await channel.send(TtsReady())
+        async with asyncio.TaskGroup() as tasks:
+            speaker = tasks.create_task(stream.speak(), name="tts-speaker")
+            try:
+                await stream.read()
+            finally:
+                speaker.cancel()
+    except* Disconnected:
+        pass
+    except* VoiceAgentError as group:
+        await channel.fail(group.exceptions[0])  # type: ignore[arg-type]
+    finally:
+        state.connection_closed()
+        await channel.close(1000)

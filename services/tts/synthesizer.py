@@ -1,0 +1,146 @@
+"""The single door to the TTS engine: bounded concurrency, streaming, cancellation.
+
+The engine runs in a worker thread and hands chunks over a small bounded queue
+(backpressure); the caller gets chunks resampled to the rate it asked for and cut
+to `chunk_ms`, and may stop between chunks: the thread stops at its next chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncGenerator
+from typing import Final
+
+import numpy as np
+
+from services.common.audio import AudioF32, StreamResampler, ms_to_samples
+from services.common.errors import CapacityError, UnknownVoice
+from services.tts.engines.base import SpeechRequest, TtsEngine
+from services.tts.metrics import TTS_AUDIO_SECONDS, TTS_FIRST_AUDIO, TTS_RTF
+
+OPENAI_VOICES: Final = frozenset(
+    {
+        "alloy",
+        "ash",
+        "ballad",
+        "coral",
+        "echo",
+        "fable",
+        "onyx",
+        "nova",
+        "sage",
+        "shimmer",
+        "verse",
+        "marin",
+        "cedar",
+    }
+)
+_END: Final = object()
+
+
+class Synthesizer:
+    """Streams speech for many requests, at most `max_concurrent` synthesizing at once."""
+
+    def __init__(self, engine: TtsEngine, max_concurrent: int, max_queue: int, chunk_ms: int):
+        self.engine = engine
+        self.max_queue = max_queue
+        self.chunk_ms = chunk_ms
+        self._slots = asyncio.Semaphore(max_concurrent)
+        self.waiting = 0
+        self.active = 0
+
+    def depth(self) -> int:
+        """Requests waiting for a synthesis slot."""
+        return self.waiting
+
+    def resolve_voice(self, voice: str | None) -> str:
+        """An engine voice id for a requested name.
+
+        None, "default" and OpenAI's voice names map to the engine's default voice;
+        other names must be voices the engine knows (else UnknownVoice, HTTP 400).
+        """
+        if voice is None or voice == "default" or voice.lower() in OPENAI_VOICES:
+            return self.engine.default_voice
+        if voice in self.engine.voices():
+            return voice
+        raise UnknownVoice(
+            f"unknown voice {voice!r}; use 'default', an OpenAI voice name (mapped to the "
+            "default voice) or one of GET /v1/voices"
+        )
+
+    async def stream(
+        self, request: SpeechRequest, sample_rate: int
+    ) -> AsyncGenerator[AudioF32, None]:
+        """Yield chunks of `chunk_ms` at `sample_rate`. Stop iterating to cancel."""
+        if self.waiting >= self.max_queue:
+            raise CapacityError(f"TTS queue is full ({self.max_queue} waiting)", retry_after_s=1)
+        self.waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self.waiting -= 1
+        self.active += 1
+        try:
+            async for chunk in self._run(request, sample_rate):
+                yield chunk
+        finally:
+            self.active -= 1
+            self._slots.release()
+
+    async def _run(
+        self, request: SpeechRequest, sample_rate: int
+    ) -> AsyncGenerator[AudioF32, None]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[object] = asyncio.Queue(maxsize=4)
+        stop = threading.Event()
+
+        def produce() -> None:
+            try:
+                for chunk in self.engine.synthesize(request):
+                    if stop.is_set():
+                        return
+                    asyncio.run_coroutine_threadsafe(queue.put(chunk), loop).result()
+            except BaseException as exc:
+                asyncio.run_coroutine_threadsafe(queue.put(exc), loop).result()
+            finally:
+                if not stop.is_set():
+                    asyncio.run_coroutine_threadsafe(queue.put(_END), loop).result()
+
+        started = time.perf_counter()
+        worker = loop.run_in_executor(None, produce)
+        resampler = StreamResampler(self.engine.sample_rate, sample_rate)
+        size = ms_to_samples(self.chunk_ms, sample_rate)
+        pending = np.zeros(0, dtype=np.float32)
+        total = 0
+        try:
+            while True:
+                item = await queue.get()
+                if item is _END:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                assert isinstance(item, np.ndarray)
+                pending = np.concatenate([pending, resampler.process(item)])
+                while pending.size >= size:
+                    if total == 0:
+                        TTS_FIRST_AUDIO.observe(time.perf_counter() - started)
+                    chunk, pending = pending[:size], pending[size:]
+                    total += chunk.size
+                    yield chunk
+            tail = np.concatenate([pending, resampler.process(np.zeros(0, np.float32), last=True)])
+            if tail.size:
+                if total == 0:
+                    TTS_FIRST_AUDIO.observe(time.perf_counter() - started)
+                total += tail.size
+                yield tail
+            if total:
+                seconds = total / sample_rate
+                TTS_AUDIO_SECONDS.inc(seconds)
+                TTS_RTF.observe((time.perf_counter() - started) / seconds)
+        finally:
+            stop.set()
+            while not queue.empty():  # room for the producer's last put, then it sees `stop`
+                queue.get_nowait()
+            await worker

@@ -1,0 +1,81 @@
+"""Shared fixtures: a real Redis per test session and a real lite stack on free ports."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from services.common.redis_server import free_port, start_redis
+from services.common.settings import RedisSettings
+from tests.servers import ServerThread
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@dataclass
+class RedisProc:
+    port: int
+    proc: subprocess.Popen[bytes]
+    workdir: Path
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def settings(self, **overrides: object) -> RedisSettings:
+        return RedisSettings(url=self.url, prefix=f"t{uuid.uuid4().hex[:8]}", **overrides)  # type: ignore[arg-type]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+    def restart(self) -> None:
+        self.proc = start_redis(self.port, self.workdir)
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProc]:
+    """A real redis-server of our own, on a free port."""
+    port = free_port()
+    workdir = tmp_path_factory.mktemp("redis")
+    server = RedisProc(port, start_redis(port, workdir), workdir)
+    yield server
+    server.proc.terminate()
+    server.proc.wait(timeout=10)
+
+
+@dataclass
+class Stack:
+    asr: ServerThread
+    tts: ServerThread
+    gateway: ServerThread
+    redis: RedisSettings
+
+    @property
+    def stream_url(self) -> str:
+        return f"{self.gateway.ws}/v1/stream"
+
+
+@pytest.fixture(scope="session")
+def lite_stack(redis_server: RedisProc) -> Iterator[Stack]:
+    """ASR (pocketsphinx), TTS (espeak-ng) and the gateway, joined by a real Redis."""
+    from services.asr.app import create_app as asr_app
+    from services.asr.settings import AsrSettings
+    from services.gateway.app import create_app as gateway_app
+    from services.gateway.settings import GatewaySettings
+    from services.tts.app import create_app as tts_app
+    from services.tts.settings import TtsSettings
+
+    redis = redis_server.settings()
+    with (
+        ServerThread(asr_app(AsrSettings(redis=redis))) as asr,
+        ServerThread(tts_app(TtsSettings(redis=redis))) as tts,
+        ServerThread(gateway_app(GatewaySettings(redis=redis))) as gateway,
+    ):
+        yield Stack(asr, tts, gateway, redis)

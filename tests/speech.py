@@ -1,0 +1,48 @@
+"""Test speech made on the spot with espeak-ng, in the form the ASR engines hear best.
+
+pocketsphinx understands espeak's `en-us+klatt2` at about 140 words per minute when
+the audio is resampled band-limited and carries a little dither; plain `en-us` is
+nearly unrecognizable to it. Shared by the VAD, ASR and end-to-end tests.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import numpy as np
+import numpy.typing as npt
+import soxr
+
+from services.common.audio import float_to_pcm16
+from services.tts.engines.base import SpeechRequest
+from services.tts.engines.espeak import EspeakEngine
+from services.tts.settings import EspeakSettings
+
+_DITHER_SEED = 20240613
+_LSB = 1.0 / 32768.0
+
+
+@cache
+def _engine(voice: str, wpm: int) -> EspeakEngine:
+    engine = EspeakEngine(EspeakSettings(default_voice=voice, words_per_minute=wpm))
+    engine.load()
+    return engine
+
+
+def speak(
+    text: str, sample_rate: int = 16000, voice: str = "en-us+klatt2", wpm: int = 140
+) -> npt.NDArray[np.float32]:
+    """`text` spoken by espeak-ng: mono float32 at `sample_rate`, with ±2 LSB TPDF dither."""
+    engine = _engine(voice, wpm)
+    chunks = list(engine.synthesize(SpeechRequest(text=text, voice=voice)))
+    audio = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
+    if sample_rate != engine.sample_rate and audio.size:
+        audio = soxr.resample(audio, engine.sample_rate, sample_rate, quality="VHQ")
+    rng = np.random.default_rng(_DITHER_SEED)
+    dither = (rng.uniform(-1.0, 1.0, audio.size) + rng.uniform(-1.0, 1.0, audio.size)) * _LSB
+    return np.clip(audio + dither, -1.0, 1.0 - _LSB).astype(np.float32)
+
+
+def to_pcm16(audio: npt.NDArray[np.float32]) -> bytes:
+    """Little-endian PCM16 bytes of float audio in [-1, 1]."""
+    return float_to_pcm16(audio)

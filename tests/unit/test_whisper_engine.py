@@ -1,0 +1,220 @@
+"""The faster-whisper engine on a tiny random-weight model: offline, batched, exact."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from services.asr.engines.base import AsrInput
+from services.asr.engines.whisper import FasterWhisperEngine, max_new_tokens, resolve_model_dir
+from services.asr.settings import WhisperSettings
+from services.common.errors import EngineUnavailable
+from tests.tiny_whisper import VOCAB_SIZE, build_tiny_whisper
+
+RATE = 16000
+
+
+def _refuse(*args: object, **kwargs: object) -> None:
+    raise AssertionError(f"network access attempted: {args}")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_network() -> Iterator[None]:
+    """Nothing in this module may reach the network: the Hub is off and sockets refuse."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        mp.setattr(socket.socket, "connect", _refuse)
+        mp.setattr(socket.socket, "connect_ex", _refuse)
+        yield
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_whisper(tmp_path_factory.mktemp("tiny-whisper"))
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir: Path, no_network: None) -> FasterWhisperEngine:
+    engine = FasterWhisperEngine(WhisperSettings(model=str(model_dir), device="cpu"))
+    engine.load()
+    return engine
+
+
+def _tone(freq: float, seconds: float) -> np.ndarray[Any, np.dtype[np.float32]]:
+    t = np.arange(int(RATE * seconds)) / RATE
+    return (0.3 * np.sin(2 * np.pi * freq * t)).astype(np.float32)
+
+
+def _noise(seconds: float, seed: int) -> np.ndarray[Any, np.dtype[np.float32]]:
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(int(RATE * seconds)) * 0.2).astype(np.float32)
+
+
+def _utterances() -> list[AsrInput]:
+    return [
+        AsrInput(_tone(200, 1.0)),
+        AsrInput(_noise(2.5, seed=1), language="en"),
+        AsrInput(_tone(4000, 0.7), language="de"),
+        AsrInput(_noise(6.0, seed=2)),
+        AsrInput(_tone(440, 12.0), language="ja"),
+    ]
+
+
+def test_tiny_model_builds_fast_and_small(tmp_path: Path) -> None:
+    start = time.perf_counter()
+    folder = build_tiny_whisper(tmp_path / "m")
+    elapsed = time.perf_counter() - start
+    size = sum(f.stat().st_size for f in folder.iterdir())
+    names = {f.name for f in folder.iterdir()}
+    assert {"config.json", "model.bin", "tokenizer.json", "preprocessor_config.json"} <= names
+    assert elapsed < 2.0
+    assert size < 10_000_000
+
+
+def test_tiny_tokenizer_follows_whisper_layout(model_dir: Path) -> None:
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    assert tokenizer.get_vocab_size() == VOCAB_SIZE
+    expected = {
+        "Ġ": 220,
+        "<|endoftext|>": 50257,
+        "<|startoftranscript|>": 50258,
+        "<|en|>": 50259,
+        "<|su|>": 50357,
+        "<|translate|>": 50358,
+        "<|transcribe|>": 50359,
+        "<|nocaptions|>": 50362,
+        "<|notimestamps|>": 50363,
+        "<|0.00|>": 50364,
+        "<|30.00|>": 51864,
+    }
+    assert {token: tokenizer.token_to_id(token) for token in expected} == expected
+    vocabulary = json.loads((model_dir / "vocabulary.json").read_text(encoding="utf-8"))
+    assert len(vocabulary) == VOCAB_SIZE
+    assert "" in vocabulary
+
+
+def test_loads_from_folder_offline(engine: FasterWhisperEngine, model_dir: Path) -> None:
+    assert engine.name == "faster-whisper"
+    assert engine.sample_rate == RATE
+    assert engine.model == str(model_dir)
+    assert engine.device == "cpu"
+
+
+def test_transcribes_silence_and_noise(engine: FasterWhisperEngine) -> None:
+    items = [AsrInput(np.zeros(RATE, dtype=np.float32)), AsrInput(_noise(1.5, seed=3), "en")]
+    results = engine.transcribe_batch(items)
+    assert len(results) == 2
+    assert all(isinstance(r.text, str) for r in results)
+    assert results[0].language is not None
+    assert results[1].language == "en"
+    assert [r.duration_s for r in results] == [1.0, 1.5]
+
+
+def test_empty_audio_gives_empty_text(engine: FasterWhisperEngine) -> None:
+    empty = AsrInput(np.zeros(0, dtype=np.float32))
+    results = engine.transcribe_batch([empty, AsrInput(_tone(300, 0.5)), empty])
+    assert results[0].text == "" and results[2].text == ""
+    assert results[0].duration_s == 0.0
+    assert engine.transcribe_batch([]) == []
+
+
+def test_batched_equals_one_at_a_time(engine: FasterWhisperEngine) -> None:
+    items = _utterances()
+    batched = engine.transcribe_batch(items)
+    single = [engine.transcribe_batch([item])[0] for item in items]
+    assert batched == single
+    assert len({r.text for r in batched}) > 1, "the tiny model should not answer everything alike"
+    assert engine.transcribe_batch(items[::-1]) == single[::-1]
+
+
+class _CountingModel:
+    """Wraps the CTranslate2 model and counts its calls."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls: dict[str, int] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if not callable(attr):
+            return attr
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return attr(*args, **kwargs)
+
+        return counted
+
+
+def test_a_batch_is_one_encode_and_one_generate(engine: FasterWhisperEngine) -> None:
+    whisper = engine._whisper
+    counting = _CountingModel(whisper.model)
+    whisper.model = counting
+    try:
+        engine.transcribe_batch(_utterances())
+    finally:
+        whisper.model = counting.inner
+    assert counting.calls == {"encode": 1, "detect_language": 1, "generate": 1}
+
+
+def test_unknown_language_is_detected(engine: FasterWhisperEngine) -> None:
+    (result,) = engine.transcribe_batch([AsrInput(_tone(500, 1.0), language="xx")])
+    assert result.language is not None and result.language != "xx"
+
+
+def test_longer_than_30_s_is_trimmed(engine: FasterWhisperEngine) -> None:
+    (result,) = engine.transcribe_batch([AsrInput(_noise(31.0, seed=4), language="en")])
+    assert result.duration_s == 31.0
+    assert isinstance(result.text, str)
+
+
+def test_missing_model_names_the_pull_command(tmp_path: Path) -> None:
+    settings = WhisperSettings(model="large-v3-turbo", models_dir=tmp_path, device="cpu")
+    engine = FasterWhisperEngine(settings)
+    with pytest.raises(EngineUnavailable) as info:
+        engine.load()
+    message = info.value.message
+    assert "voice-agent models pull faster-whisper-large-v3-turbo" in message
+    assert str(tmp_path / "faster-whisper-large-v3-turbo") in message
+    assert "VA_ASR__WHISPER__MODEL" in message
+
+
+def test_missing_folder_path_is_explained(tmp_path: Path) -> None:
+    engine = FasterWhisperEngine(WhisperSettings(model=str(tmp_path / "nope"), device="cpu"))
+    with pytest.raises(EngineUnavailable, match="no faster-whisper model folder"):
+        engine.load()
+
+
+def test_missing_tokenizer_is_a_clear_error(model_dir: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "faster-whisper-tiny"
+    shutil.copytree(model_dir, folder)
+    (folder / "tokenizer.json").unlink()
+    engine = FasterWhisperEngine(WhisperSettings(model="tiny", models_dir=tmp_path, device="cpu"))
+    with pytest.raises(EngineUnavailable, match=r"no tokenizer\.json in .*faster-whisper-tiny"):
+        engine.load()
+
+
+def test_not_loaded_refuses(model_dir: Path) -> None:
+    engine = FasterWhisperEngine(WhisperSettings(model=str(model_dir), device="cpu"))
+    with pytest.raises(EngineUnavailable, match="not loaded"):
+        engine.transcribe_batch([AsrInput(_tone(300, 0.5))])
+
+
+def test_model_folder_resolution(tmp_path: Path, model_dir: Path) -> None:
+    by_name = WhisperSettings(model="small", models_dir=tmp_path)
+    assert resolve_model_dir(by_name) == tmp_path / "faster-whisper-small"
+    assert resolve_model_dir(WhisperSettings(model=str(model_dir))) == model_dir
+
+
+def test_output_is_bounded_by_duration() -> None:
+    assert max_new_tokens(0.5) < max_new_tokens(5.0) < max_new_tokens(30.0) == 224
