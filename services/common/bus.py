@@ -21,7 +21,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from services.common.settings import RedisSettings
 
@@ -31,10 +35,16 @@ Fields = dict[bytes, bytes]
 
 
 def connect(settings: RedisSettings) -> Redis:
-    """A redis-py asyncio client whose socket timeout exceeds the blocking reads."""
+    """A redis-py asyncio client whose socket timeout exceeds the blocking reads.
+
+    A dropped connection (a Redis restart, a failover) is retried a few times with
+    backoff before the error reaches the caller.
+    """
     timeout = settings.block_ms / 1000 + 5.0
     return Redis.from_url(
         settings.url,
+        retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=3),
+        retry_on_error=[RedisConnectionError, RedisTimeoutError],
         socket_timeout=timeout,
         socket_connect_timeout=5.0,
         health_check_interval=30,

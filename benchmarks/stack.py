@@ -1,0 +1,77 @@
+"""Start the lite stack as real processes (as `voice-agent up` does) for benchmarks."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from services.common.redis_server import free_port, start_redis
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on."""
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "gpu": None,
+    }
+
+
+@contextmanager
+def lite_stack(extra_env: dict[str, str] | None = None) -> Iterator[dict[str, str]]:
+    """Redis + ASR + TTS + gateway on free ports; yields their base URLs."""
+    workdir = Path(tempfile.mkdtemp(prefix="va-bench-"))
+    redis_port = free_port()
+    redis = start_redis(redis_port, workdir)
+    ports = {"asr": free_port(), "tts": free_port(), "gateway": free_port()}
+    env = {**os.environ, "VA_REDIS__URL": f"redis://127.0.0.1:{redis_port}/0", **(extra_env or {})}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", f"services.{name}.server", "--port", str(port)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=open(workdir / f"{name}.log", "wb"),  # noqa: SIM115
+        )
+        for name, port in ports.items()
+    ]
+    urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
+    try:
+        deadline = time.monotonic() + 120
+        for url in urls.values():
+            while True:
+                try:
+                    if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{url} not ready; logs in {workdir}")
+                time.sleep(0.2)
+        yield urls
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(30)
+        redis.terminate()
+        redis.wait(10)

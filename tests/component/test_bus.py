@@ -1,0 +1,143 @@
+"""The Redis bus against a real Redis: reclaim, dead letters, idempotency, outages."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from services.common.bus import Delivery, JobStream, Keys, connect, publish
+from services.common.redis_server import free_port, start_redis
+from services.common.settings import RedisSettings
+from services.common.worker import JobWorker
+from tests.conftest import RedisProc
+
+
+def job(job_id: str) -> dict[bytes, bytes]:
+    return {b"meta": json.dumps({"job_id": job_id}).encode(), b"audio": b"\x00\x01"}
+
+
+@pytest.fixture
+async def bus(redis_server: RedisProc) -> AsyncIterator[tuple[RedisSettings, Keys]]:
+    settings = redis_server.settings(claim_idle_ms=1000, max_deliveries=2)
+    yield settings, Keys(settings.prefix)
+
+
+async def test_dead_consumer_jobs_are_reclaimed(bus: tuple[RedisSettings, Keys]) -> None:
+    settings, keys = bus
+    redis = connect(settings)
+    stream = keys.jobs("asr")
+    dead = JobStream(redis, settings, stream, "asr", "dead-worker")
+    live = JobStream(redis, settings, stream, "asr", "live-worker")
+    await dead.ensure_group()
+    await dead.submit(job("j1"))
+    taken = await dead.read(10, block_ms=100)
+    assert [json.loads(d.fields[b"meta"])["job_id"] for d in taken] == ["j1"]
+    # the dead worker never acks; before claim_idle_ms nothing can be reclaimed
+    assert await live.reclaim(10) == []
+    assert await live.read(10, block_ms=50) == []
+    await asyncio.sleep(1.1)
+    claimed = await live.reclaim(10)
+    assert [d.entry_id for d in claimed] == [taken[0].entry_id]
+    assert claimed[0].fields[b"audio"] == b"\x00\x01"
+    await live.ack(claimed[0].entry_id)
+    assert await live.pending_count() == 0
+    await redis.aclose()
+
+
+async def test_poison_job_goes_to_dead_letter_stream(bus: tuple[RedisSettings, Keys]) -> None:
+    settings, keys = bus
+    redis = connect(settings)
+    stream = JobStream(redis, settings, keys.jobs("tts"), "tts", "w")
+    await stream.ensure_group()
+    await stream.submit(job("poison"))
+    await stream.read(1, block_ms=100)  # delivery 1
+    for _ in range(2):  # deliveries 2 and 3 by reclaim; max_deliveries=2
+        await asyncio.sleep(1.05)
+        reclaimed = await stream.reclaim(10)
+        stream._claim_cursor = b"0-0"
+    assert reclaimed == []
+    dead = await redis.xrange(stream.dead_stream)
+    assert len(dead) == 1 and json.loads(dead[0][1][b"meta"])["job_id"] == "poison"
+    assert await stream.pending_count() == 0
+    await redis.aclose()
+
+
+async def test_worker_crash_loses_no_job_and_repeats_nothing(
+    bus: tuple[RedisSettings, Keys],
+) -> None:
+    """Worker A takes a job and dies mid-way; worker B finishes it; one result only."""
+    settings, keys = bus
+    redis = connect(settings)
+    stream, replies = keys.jobs("asr"), f"{settings.prefix}:replies"
+    started = asyncio.Event()
+
+    async def hang(delivery: Delivery) -> None:
+        started.set()
+        await asyncio.Event().wait()  # never finishes: "crashes" when cancelled
+
+    async def answer(delivery: Delivery) -> None:
+        await publish(redis, settings, replies, {b"meta": delivery.fields[b"meta"]})
+
+    worker_a = JobWorker(JobStream(redis, settings, stream, "asr", "a"), keys, hang, 4)
+    worker_b = JobWorker(JobStream(redis, settings, stream, "asr", "b"), keys, answer, 4)
+    task_a = asyncio.create_task(worker_a.run())
+    await JobStream(redis, settings, stream, "asr", "producer").submit(job("once"))
+    await asyncio.wait_for(started.wait(), 5)
+    task_a.cancel()  # the crash: the job stays pending, unacknowledged
+    task_b = asyncio.create_task(worker_b.run())
+    try:
+        async with asyncio.timeout(10):
+            while not await redis.xlen(replies):
+                await asyncio.sleep(0.05)
+        # the same job delivered again (e.g. a second reclaim) is skipped as done
+        await JobStream(redis, settings, stream, "asr", "producer").submit(job("once"))
+        await asyncio.sleep(1.5)
+        assert await redis.xlen(replies) == 1
+        assert await worker_b.jobs.pending_count() == 0
+    finally:
+        task_b.cancel()
+        await asyncio.gather(task_a, task_b, return_exceptions=True)
+        await redis.aclose()
+
+
+async def test_worker_survives_a_redis_restart(tmp_path: Path) -> None:
+    port = free_port()
+    proc = start_redis(port, tmp_path)
+    settings = RedisSettings(url=f"redis://127.0.0.1:{port}/0", prefix="restart", block_ms=200)
+    keys = Keys(settings.prefix)
+    redis = connect(settings)
+    seen: list[str] = []
+
+    async def record(delivery: Delivery) -> None:
+        seen.append(json.loads(delivery.fields[b"meta"])["job_id"])
+
+    worker = JobWorker(JobStream(redis, settings, keys.jobs("asr"), "asr", "w"), keys, record, 2)
+    task = asyncio.create_task(worker.run())
+    producer = JobStream(connect(settings), settings, keys.jobs("asr"), "asr", "p")
+    try:
+        await producer.submit(job("before"))
+        async with asyncio.timeout(5):
+            while seen != ["before"]:
+                await asyncio.sleep(0.05)
+        proc.terminate()
+        proc.wait(10)
+        async with asyncio.timeout(10):
+            while worker.connected:
+                await asyncio.sleep(0.05)
+        proc = start_redis(port, tmp_path)  # a fresh, empty Redis (no persistence)
+        await producer.submit(job("after"))
+        async with asyncio.timeout(15):
+            while "after" not in seen:
+                await asyncio.sleep(0.05)
+        assert worker.connected
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        proc.terminate()
+        proc.wait(10)
+        await redis.aclose()
+        await producer.redis.aclose()

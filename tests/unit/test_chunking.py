@@ -1,0 +1,52 @@
+"""The agent text → TTS chunks cutter."""
+
+from __future__ import annotations
+
+from services.gateway.chunking import Chunker
+
+
+def run(deltas: list[str], first_words: int = 6) -> list[str]:
+    chunker = Chunker(first_chunk_words=first_words)
+    chunks: list[str] = []
+    for delta in deltas:
+        chunks.extend(chunker.feed(delta))
+    return chunks + chunker.flush()
+
+
+def test_sentences_split_across_deltas() -> None:
+    chunks = run(["Hello the", "re. How are", " you? Fine", "."])
+    assert chunks == ["Hello there.", "How are you?", "Fine."]
+
+
+def test_no_split_inside_numbers_or_without_space() -> None:
+    assert run(["It costs 3.50 dollars. Ok."]) == ["It costs 3.50 dollars.", "Ok."]
+
+
+def test_first_chunk_cut_at_clause_once_long_enough() -> None:
+    text = "Well, as I was saying to my friend yesterday, the weather was lovely, truly lovely."
+    chunks = run([text], first_words=6)
+    assert chunks[0] == "Well, as I was saying to my friend yesterday,"
+    # later chunks are cut at sentences only
+    assert chunks[1:] == ["the weather was lovely, truly lovely."]
+
+
+def test_short_clause_is_not_cut() -> None:
+    assert run(["Yes, sure."]) == ["Yes, sure."]
+
+
+def test_chunk_is_emitted_as_soon_as_complete() -> None:
+    chunker = Chunker()
+    assert chunker.feed("First sentence.") == []  # no following space yet: may continue
+    assert chunker.feed(" Second") == ["First sentence."]
+    assert chunker.flush() == ["Second"]
+
+
+def test_overlong_text_without_punctuation_is_cut_at_a_space() -> None:
+    chunker = Chunker(max_chars=20)
+    chunks = chunker.feed("word " * 10) + chunker.flush()
+    assert all(len(c) <= 20 for c in chunks)
+    assert " ".join(chunks).split() == ["word"] * 10
+
+
+def test_empty_and_whitespace() -> None:
+    assert run(["", "   "]) == []
