@@ -1,0 +1,88 @@
+"""The wire protocol models and the edge parser."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from services.common.errors import InvalidMessage, UnsupportedSampleRate
+from services.common.events import (
+    ASR_CLIENT_EVENTS,
+    CLIENT_EVENTS,
+    TTS_CLIENT_EVENTS,
+    AsrCommit,
+    ConversationText,
+    ErrorEvent,
+    ResponseCreate,
+    SessionConfig,
+    SessionCreated,
+    SessionUpdate,
+    Speak,
+    parse,
+)
+
+
+def test_every_client_message_parses() -> None:
+    cases = {
+        '{"type":"session.update","session":{"voice":"x"}}': SessionUpdate,
+        '{"type":"conversation.text","text":"hi"}': ConversationText,
+        '{"type":"response.create"}': ResponseCreate,
+    }
+    for text, kind in cases.items():
+        assert isinstance(parse(CLIENT_EVENTS, text), kind)
+    for kind in ("input_audio.commit", "input_audio.clear", "response.cancel", "session.close"):
+        assert parse(CLIENT_EVENTS, json.dumps({"type": kind})).type == kind
+
+
+def test_unknown_fields_are_ignored() -> None:
+    message = parse(CLIENT_EVENTS, '{"type":"conversation.text","text":"hi","future":1}')
+    assert isinstance(message, ConversationText) and message.text == "hi"
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("not json", "not valid JSON"),
+        ("[1, 2]", "JSON object"),
+        ('{"type": 5}', "string `type`"),
+        ('{"type":"nope"}', "unknown message type 'nope'"),
+        ('{"type":"conversation.text"}', "text"),
+        ('{"type":"conversation.text","text":""}', "text"),
+    ],
+)
+def test_malformed_messages_are_invalid_message(text: str, match: str) -> None:
+    with pytest.raises(InvalidMessage, match=match):
+        parse(CLIENT_EVENTS, text)
+
+
+def test_unsupported_sample_rate_has_its_own_code() -> None:
+    with pytest.raises(UnsupportedSampleRate):
+        parse(CLIENT_EVENTS, '{"type":"session.update","session":{"input_sample_rate":44100}}')
+
+
+def test_asr_and_tts_stream_messages() -> None:
+    assert isinstance(parse(ASR_CLIENT_EVENTS, '{"type":"commit"}'), AsrCommit)
+    speak = parse(TTS_CLIENT_EVENTS, '{"type":"speak","id":"a","text":"hi","sample_rate":16000}')
+    assert isinstance(speak, Speak) and speak.sample_rate == 16000
+    with pytest.raises(UnsupportedSampleRate):
+        parse(TTS_CLIENT_EVENTS, '{"type":"speak","id":"a","text":"hi","sample_rate":44100}')
+    with pytest.raises(InvalidMessage):
+        parse(TTS_CLIENT_EVENTS, '{"type":"speak","text":"hi"}')
+
+
+def test_server_events_serialize_per_contract() -> None:
+    created = json.loads(SessionCreated(session=SessionConfig(id="s")).dump())
+    assert created == {
+        "type": "session.created",
+        "session": {
+            "id": "s",
+            "input_sample_rate": 16000,
+            "output_sample_rate": 24000,
+            "voice": "default",
+            "language": "en",
+            "agent": "echo",
+        },
+    }
+    error = json.loads(ErrorEvent(code="invalid_audio", message="m").dump())
+    assert error == {"type": "error", "code": "invalid_audio", "message": "m", "fatal": False}
