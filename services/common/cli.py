@@ -96,6 +96,13 @@ def client(args: argparse.Namespace) -> None:
     asyncio.run(talk(args.url, Path(args.wav), Path(args.out) if args.out else None, args.timeout))
 
 
+def config(args: argparse.Namespace) -> None:
+    """Print every setting (as markdown for the docs)."""
+    from services.common.settings_doc import markdown
+
+    print(markdown())
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="voice-agent", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -111,6 +118,9 @@ def main(argv: list[str] | None = None) -> None:
     p_client.add_argument("--out", default="reply.wav", help="where to save the agent's audio")
     p_client.add_argument("--timeout", type=float, default=30.0)
     p_client.set_defaults(func=client)
+    p_config = sub.add_parser("config", help="print every setting, its default and meaning")
+    p_config.add_argument("--markdown", action="store_true", help="(the only format for now)")
+    p_config.set_defaults(func=config)
     args, rest = parser.parse_known_args(argv)
     if args.func is None:
         run_service(args.service, rest)
