@@ -8,6 +8,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
+import httpx
 from fastapi import FastAPI, Query, WebSocket
 
 from services.common.bus import connect
@@ -22,6 +23,7 @@ from services.common.ws import Channel, Disconnected
 from services.gateway import metrics
 from services.gateway.agent import AGENTS, Agent
 from services.gateway.bus import GatewayBus
+from services.gateway.llm import OpenAiAgent
 from services.gateway.session import Session, new_id
 from services.gateway.settings import GatewaySettings
 
@@ -33,7 +35,11 @@ def create_app(
 ) -> FastAPI:
     """The gateway app. VAD loads in `lifespan`, never at import."""
     section = settings.gateway
-    agents = agents or AGENTS
+    llm_client = httpx.AsyncClient(timeout=30.0)  # each request sets its own
+    agents = agents or {
+        **AGENTS,
+        "openai": lambda: OpenAiAgent(settings.llm, llm_client),
+    }
     gateway_id = section.gateway_id or f"gw-{uuid.uuid4().hex[:12]}"
     redis = connect(settings.redis)
     bus = GatewayBus(redis, settings.redis, gateway_id)
@@ -65,6 +71,7 @@ def create_app(
         finally:
             state.draining = True
             await background.stop()
+            await llm_client.aclose()
             await redis.aclose()
 
     app = FastAPI(title="voice-agent gateway", lifespan=lifespan)

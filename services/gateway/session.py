@@ -84,6 +84,7 @@ class _Response:
     play_started: float | None = None
     sent_bytes: int = 0
     done: bool = False
+    agent_failed: bool = False
 
 
 class Session:
@@ -317,8 +318,10 @@ class Session:
                 async for delta in agent.respond(list(self.history)):
                     await self._text(active, chunker, delta)
         except VoiceAgentError as exc:
+            active.agent_failed = True
             await self.channel.send_error(exc)
         except Exception as exc:
+            active.agent_failed = True
             log.exception("agent %s failed", self.config.agent)
             await self.channel.send_error(AgentFailed(f"the agent failed: {exc}"))
         for chunk in chunker.flush():
@@ -371,7 +374,8 @@ class Session:
                 return
         if pending:
             await self._send_frame(active, pending, rate)
-        status = "failed" if active.sent_bytes == 0 and active.audio.any_failed else "completed"
+        failed = active.audio.any_failed or active.agent_failed
+        status = "failed" if active.sent_bytes == 0 and failed else "completed"
         await self._finish(active, status)
 
     async def _send_frame(self, active: _Response, frame: bytes, rate: int) -> None:

@@ -6,6 +6,7 @@ from pydantic import BaseModel, Field
 
 from services.common.settings import BaseServiceSettings, ServerSettings
 from services.common.vad import VadSettings
+from services.gateway.llm import LlmSettings
 
 
 class GatewaySection(BaseModel):
@@ -44,3 +45,5 @@ class GatewaySettings(BaseServiceSettings):
     """The gateway."""
     vad: VadSettings = VadSettings()
     """Voice activity detection and end-of-turn."""
+    llm: LlmSettings = LlmSettings()
+    """The OpenAI-compatible chat model of the `openai` agent."""
