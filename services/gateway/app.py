@@ -21,11 +21,12 @@ from services.common.service import ServiceState, install_ops
 from services.common.vad import SileroVad
 from services.common.ws import Channel, Disconnected
 from services.gateway import metrics
-from services.gateway.agent import AGENTS, Agent
+from services.gateway.agent import AGENTS, Agent, Turn
 from services.gateway.bus import GatewayBus
 from services.gateway.llm import OpenAiAgent
 from services.gateway.session import Session, new_id
 from services.gateway.settings import GatewaySettings
+from services.gateway.store import SessionStore
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ def create_app(
     redis = connect(settings.redis)
     bus = GatewayBus(redis, settings.redis, gateway_id)
     sessions: dict[str, Session] = {}
+    store = SessionStore(redis, settings.redis.prefix, section.resume_window_s)
     state = ServiceState(service="gateway", redis=redis, engine="silero-vad", model="silero_vad_v6")
     state.extra = lambda: {"gateway_id": gateway_id, "sessions": len(sessions)}
     vad_holder: dict[str, SileroVad] = {}
@@ -91,12 +93,18 @@ def create_app(
             agent=section.default_agent,
             language=section.default_language,
         )
+        history: list[Turn] = []
+        restored = await store.load(session_id) if session_id else None
+        if restored is not None and restored[0].id not in sessions:
+            config, history = restored
+            config = config.model_copy(update={"resumed": True})
         listener = Listener(vad_holder["vad"], settings.vad, config.input_sample_rate)
         state.connection_opened()
         metrics.SESSIONS.inc()
         try:
             async with asyncio.TaskGroup() as tasks:
-                session = Session(config, channel, bus, listener, section, tasks, agents)
+                session = Session(config, channel, bus, listener, section, tasks, agents, store)
+                session.history = history
                 sessions[config.id] = session
                 await channel.send(SessionCreated(session=config))
                 await session.serve()
@@ -108,7 +116,9 @@ def create_app(
             log.exception("session %s failed", config.id)
             await channel.close(1011, "internal error")
         finally:
-            sessions.pop(config.id, None)
+            ended = sessions.pop(config.id, None)
+            if ended is not None:
+                await store.save(ended.config, ended.history)
             metrics.SESSIONS.dec()
             state.connection_closed()
 

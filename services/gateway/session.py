@@ -54,6 +54,7 @@ from services.gateway.bus import GatewayBus
 from services.gateway.chunking import Chunker
 from services.gateway.response import ResponseAudio
 from services.gateway.settings import GatewaySection
+from services.gateway.store import SessionStore
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,7 @@ class Session:
         settings: GatewaySection,
         tasks: asyncio.TaskGroup,
         agents: dict[str, Callable[[], Agent]] = AGENTS,
+        store: SessionStore | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
@@ -108,6 +110,7 @@ class Session:
         self.settings = settings
         self.tasks = tasks
         self.agents = agents
+        self.store = store
         self.clock = clock
         self.history: list[Turn] = []
         self.inbox: asyncio.Queue[tuple[BusResult, bytes | None]] = asyncio.Queue(
@@ -179,6 +182,7 @@ class Session:
             self.listener.set_input_rate(patch["input_sample_rate"])
         self.config = self.config.model_copy(update=patch)
         await self.channel.send(SessionUpdated(session=self.config))
+        await self._save()
 
     # ------------------------------------------------------------------ turns
 
@@ -223,6 +227,11 @@ class Session:
 
     async def _user_turn(self, text: str) -> None:
         self.history.append(Turn("user", text))
+        await self._save()
+
+    async def _save(self) -> None:
+        if self.store is not None:
+            await self.store.save(self.config, self.history)
 
     # ------------------------------------------------------------------ bus results
 
@@ -411,6 +420,7 @@ class Session:
         metrics.RESPONSES.labels(status).inc()
         if text and status == "completed":
             self.history.append(Turn("agent", text))
+            await self._save()
 
     async def _cancel_response(self) -> None:
         """Stop the current response end to end; the user keeps only what they heard."""
@@ -431,6 +441,7 @@ class Session:
         metrics.RESPONSES.labels("cancelled").inc()
         if heard:
             self.history.append(Turn("agent", heard))
+            await self._save()
 
     def _heard_bytes(self, active: _Response) -> int:
         """Audio that played at the client: sent, minus what its buffer still held."""

@@ -34,6 +34,8 @@ class GatewaySection(BaseModel):
     """A response whose next audio is this late fails with `tts_unavailable`."""
     first_chunk_words: int = Field(default=6, ge=1, le=100)
     """The first text chunk sent to TTS is cut at a clause once it has this many words."""
+    resume_window_s: int = Field(default=300, ge=10, le=86_400)
+    """A closed session's settings and history stay this long for `?session_id=` resume."""
     inbox_size: int = Field(default=1024, ge=16, le=100_000)
     """Bus results buffered per session before it counts as stuck."""
 

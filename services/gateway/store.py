@@ -1,0 +1,66 @@
+"""Sessions in Redis: settings and history, kept for a resume window after the client leaves.
+
+Any gateway process can restore a session (`/v1/stream?session_id=ID`), so a client
+whose gateway restarted reconnects through the load balancer to whichever is up.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pydantic import BaseModel, ValidationError
+from redis.asyncio import Redis
+
+from services.common.events import SessionConfig
+from services.common.worker import REDIS_DOWN
+from services.gateway.agent import Turn
+
+log = logging.getLogger(__name__)
+
+
+class StoredTurn(BaseModel):
+    role: str
+    text: str
+
+
+class StoredSession(BaseModel):
+    """What a resumed session gets back."""
+
+    config: SessionConfig
+    history: list[StoredTurn]
+
+
+class SessionStore:
+    """Saves and loads sessions under `<prefix>:session:<id>` with a TTL."""
+
+    def __init__(self, redis: Redis, prefix: str, ttl_s: int) -> None:
+        self.redis = redis
+        self.prefix = prefix
+        self.ttl_s = ttl_s
+
+    def key(self, session_id: str) -> str:
+        return f"{self.prefix}:session:{session_id}"
+
+    async def save(self, config: SessionConfig, history: list[Turn]) -> None:
+        """Write the session (a Redis outage only loses resumability, so it is logged)."""
+        stored = StoredSession(
+            config=config.model_copy(update={"resumed": None}),
+            history=[StoredTurn(role=t.role, text=t.text) for t in history],
+        )
+        try:
+            await self.redis.set(self.key(config.id), stored.model_dump_json(), ex=self.ttl_s)
+        except REDIS_DOWN as exc:
+            log.warning("could not save session %s: %s", config.id, exc)
+
+    async def load(self, session_id: str) -> tuple[SessionConfig, list[Turn]] | None:
+        """The stored session, or None when unknown or expired."""
+        raw = await self.redis.get(self.key(session_id))
+        if raw is None:
+            return None
+        try:
+            stored = StoredSession.model_validate_json(raw)
+        except ValidationError:
+            log.error("stored session %s is unreadable: starting afresh", session_id)
+            return None
+        history = [Turn("user" if t.role == "user" else "agent", t.text) for t in stored.history]
+        return stored.config, history
