@@ -6,12 +6,14 @@ Used by `voice-agent client`, the end-to-end tests and the benchmarks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import wave
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from ssl import SSLContext
 from typing import Any
 
 import numpy as np
@@ -28,6 +30,7 @@ class Received:
     events: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
     audio: bytearray = field(default_factory=bytearray)
     first_audio_at: float | None = None
+    last_audio_at: float | None = None
     last_speech_sent_at: float | None = None
 
     def of_type(self, kind: str) -> list[dict[str, Any]]:
@@ -68,8 +71,14 @@ def write_wav(path: Path, pcm16: bytes, rate: int) -> None:
 class StreamClient:
     """One `/v1/stream` session."""
 
-    def __init__(self, url: str, on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
+        ssl: SSLContext | None = None,
+    ) -> None:
         self.url = url
+        self.ssl = ssl
         self.on_event = on_event
         self.ws: Any = None
         self.session: dict[str, Any] = {}
@@ -78,7 +87,8 @@ class StreamClient:
         self._changed = asyncio.Event()
 
     async def __aenter__(self) -> StreamClient:
-        self.ws = await websockets.connect(self.url, max_size=None, compression=None)
+        tls: dict[str, Any] = {} if self.ssl is None else {"ssl": self.ssl}  # else: default
+        self.ws = await websockets.connect(self.url, max_size=None, compression=None, **tls)
         created = json.loads(await self.ws.recv())
         if created.get("type") != "session.created":
             raise RuntimeError(f"expected session.created, got {created}")
@@ -158,6 +168,11 @@ class StreamClient:
             f"no {kind} within {timeout_s} s; got {[e for _, e in self._received.events]}"
         )
 
+    async def silence(self, seconds: float, frame_ms: int = 20) -> None:
+        """Stream silence for a while, as a live microphone would."""
+        with contextlib.suppress(TimeoutError):
+            await self.silence_until("", seconds, frame_ms, predicate=lambda _: False)
+
     async def wait_for(
         self,
         kind: str,
@@ -186,6 +201,7 @@ class StreamClient:
             if isinstance(message, bytes):
                 if received.first_audio_at is None:
                     received.first_audio_at = now
+                received.last_audio_at = now
                 received.audio.extend(message)
             else:
                 event = json.loads(message)

@@ -25,6 +25,31 @@ VOICE_TO_VOICE = Histogram(
     "From the end of the user's speech to the first agent audio frame sent.",
     buckets=STAGE_BUCKETS,
 )
+END_OF_TURN_DELAY = Histogram(
+    "va_gateway_end_of_turn_delay_seconds",
+    "From the end of the user's speech to the end of turn being decided.",
+    buckets=STAGE_BUCKETS,
+)
+AGENT_FIRST_TOKEN = Histogram(
+    "va_gateway_agent_first_token_seconds",
+    "From a response's start to the agent's first text.",
+    buckets=STAGE_BUCKETS,
+)
+BARGE_IN_SILENCE = Histogram(
+    "va_gateway_barge_in_time_to_silence_seconds",
+    "From the user starting to speak over the agent to the agent's audio stopping.",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0),
+)
+INTERRUPTIONS = Counter(
+    "va_gateway_interruptions_total", "Responses interrupted by the user speaking (barge-in)."
+)
+FALSE_INTERRUPTIONS = Counter(
+    "va_gateway_false_interruptions_total",
+    "User sounds during agent audio too short to interrupt it (coughs, backchannels).",
+)
+PARTIALS = Counter(
+    "va_gateway_partials_total", "Partial transcripts asked for and sent, by outcome.", ["outcome"]
+)
 RESPONSES = Counter("va_gateway_responses_total", "Responses ended, by status.", ["status"])
 STALE_DROPPED = Counter(
     "va_gateway_stale_results_total", "Bus results dropped as stale or repeated.", ["kind"]

@@ -86,6 +86,7 @@ class _Response:
     sent_bytes: int = 0
     done: bool = False
     agent_failed: bool = False
+    first_tts_at: float | None = None
 
 
 class Session:
@@ -119,6 +120,10 @@ class Session:
         self.utterances: dict[str, _Utterance] = {}
         self.utterance_id: str | None = None
         self.response: _Response | None = None
+        self._speech_started_at: float | None = None  # clock time of the last SpeechStart
+        self._barge_in_from_ms: int | None = None  # speech start while agent audio plays
+        self._partial: tuple[str, float] | None = None  # (utterance, asked at) in flight
+        self._last_partial_ms = 0
         self._children: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ inputs
@@ -132,6 +137,8 @@ class Session:
                 try:
                     if frame.data is not None:
                         await self._on_turn_events(self.listener.push(frame.data))
+                        await self._check_barge_in()
+                        await self._maybe_partial()
                     else:
                         await self._on_message(frame.text or "")
                 except SessionClosed:
@@ -190,19 +197,66 @@ class Session:
         for event in events:
             if isinstance(event, SpeechStart):
                 self.utterance_id = new_id("utt")
+                self._last_partial_ms = event.start_ms
+                lag_s = (self.listener.segmenter.position_ms - event.start_ms) / 1000
+                self._speech_started_at = self.clock() - max(0.0, lag_s)
                 await self.channel.send(
                     SpeechStarted(utterance_id=self.utterance_id, audio_start_ms=event.start_ms)
                 )
                 if self.response is not None and self.response.sent_bytes > 0:
-                    await self._cancel_response()  # barge-in
+                    self._barge_in_from_ms = event.start_ms
             else:
+                if self._barge_in_from_ms is not None and self.response is not None:
+                    metrics.FALSE_INTERRUPTIONS.inc()  # it ended before it could interrupt
+                self._barge_in_from_ms = None
                 await self._end_of_turn(event)
+
+    async def _check_barge_in(self) -> None:
+        """Cancel the playing response once the user has spoken over it long enough."""
+        if self._barge_in_from_ms is None:
+            return
+        if self.response is None:
+            self._barge_in_from_ms = None
+            return
+        spoken_ms = self.listener.segmenter.position_ms - self._barge_in_from_ms
+        if spoken_ms >= self.settings.barge_in_min_ms:
+            self._barge_in_from_ms = None
+            metrics.INTERRUPTIONS.inc()
+            await self._cancel_response()
+            if self._speech_started_at is not None:
+                metrics.BARGE_IN_SILENCE.observe(self.clock() - self._speech_started_at)
+
+    async def _maybe_partial(self) -> None:
+        """Ask for a partial transcript now and then; at most one in flight, droppable."""
+        interval = self.settings.partial_interval_ms
+        utterance_id = self.utterance_id
+        segmenter = self.listener.segmenter
+        if not interval or utterance_id is None or not segmenter.in_speech:
+            return
+        if self._partial is not None and self.clock() - self._partial[1] < 2 * interval / 1000:
+            return  # one in flight (a lost one expires)
+        if segmenter.position_ms - self._last_partial_ms < interval:
+            return
+        self._last_partial_ms = segmenter.position_ms
+        self._partial = (utterance_id, self.clock())
+        job = AsrJob(
+            job_id=new_id("asrp"),
+            session_id=self.config.id,
+            utterance_id=utterance_id,
+            reply_to=self.bus.reply_to,
+            mode="partial",
+            language=self.config.language,
+            enqueued_at=time.time(),
+        )
+        metrics.PARTIALS.labels("asked").inc()
+        await self.bus.submit_asr(job, float_to_pcm16(segmenter.current_audio()))
 
     async def _end_of_turn(self, end: SpeechEnd) -> None:
         utterance_id = self.utterance_id or new_id("utt")
         self.utterance_id = None
-        lag_s = (self.listener.segmenter.position_ms - end.end_ms) / 1000
-        utterance = _Utterance(end.start_ms, end.end_ms, self.clock() - max(0.0, lag_s))
+        lag_s = max(0.0, (self.listener.segmenter.position_ms - end.end_ms) / 1000)
+        metrics.END_OF_TURN_DELAY.observe(lag_s)
+        utterance = _Utterance(end.start_ms, end.end_ms, self.clock() - lag_s)
         await self.channel.send(SpeechStopped(utterance_id=utterance_id, audio_end_ms=end.end_ms))
         job = AsrJob(
             job_id=new_id("asr"),
@@ -245,10 +299,10 @@ class Session:
             case AsrResult(mode="final"):
                 await self._on_transcript(result)
             case AsrResult():
-                if (
-                    result.utterance_id in self.utterances
-                    or result.utterance_id == self.utterance_id
-                ):
+                if self._partial is not None and self._partial[0] == result.utterance_id:
+                    self._partial = None
+                if result.utterance_id == self.utterance_id and result.text:
+                    metrics.PARTIALS.labels("sent").inc()
                     await self.channel.send(
                         TranscriptPartial(utterance_id=result.utterance_id, text=result.text)
                     )
@@ -324,7 +378,11 @@ class Session:
                 await self._text(active, chunker, fixed_text)
             else:
                 agent = self.agents[self.config.agent]()
+                started: float | None = self.clock()
                 async for delta in agent.respond(list(self.history)):
+                    if started is not None:
+                        metrics.AGENT_FIRST_TOKEN.observe(self.clock() - started)
+                        started = None
                     await self._text(active, chunker, delta)
         except VoiceAgentError as exc:
             active.agent_failed = True
@@ -345,6 +403,8 @@ class Session:
             await self._submit_tts(active, chunk)
 
     async def _submit_tts(self, active: _Response, text: str) -> None:
+        if active.first_tts_at is None:
+            active.first_tts_at = self.clock()
         seq = active.audio.add_text(text)
         job = TtsJob(
             job_id=new_id("tts"),
@@ -391,6 +451,8 @@ class Session:
         now = self.clock()
         if active.play_started is None:
             active.play_started = now
+            if active.first_tts_at is not None:
+                metrics.TTS_FIRST_AUDIO.observe(now - active.first_tts_at)
             if active.speech_end_at is not None:
                 metrics.VOICE_TO_VOICE.observe(now - active.speech_end_at)
         sent_s = active.sent_bytes / (2 * rate)

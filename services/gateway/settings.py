@@ -34,6 +34,10 @@ class GatewaySection(BaseModel):
     """A response whose next audio is this late fails with `tts_unavailable`."""
     first_chunk_words: int = Field(default=6, ge=1, le=100)
     """The first text chunk sent to TTS is cut at a clause once it has this many words."""
+    partial_interval_ms: int = Field(default=600, ge=0, le=10_000)
+    """While the user speaks, a partial transcript is asked for this often (0: never)."""
+    barge_in_min_ms: int = Field(default=300, ge=0, le=5000)
+    """User speech must last this long during agent audio to interrupt it (a cough does not)."""
     resume_window_s: int = Field(default=300, ge=10, le=86_400)
     """A closed session's settings and history stay this long for `?session_id=` resume."""
     inbox_size: int = Field(default=1024, ge=16, le=100_000)
