@@ -28,6 +28,11 @@ $(VENV)/.tests-installed: pyproject.toml | $(BIN)/python
 	$(PIP) install -q -e '.[tests]'
 	touch $@ $(VENV)/.lite-installed
 
+## make install-gpu: on a CUDA host, build .venv (ASR + gateway) and .venv-tts (chatterbox TTS).
+.PHONY: install-gpu
+install-gpu:
+	bash scripts/install_gpu.sh
+
 ## System packages the tests use, installed where missing (Debian/Ubuntu).
 system-deps:
 	@bash scripts/system_deps.sh

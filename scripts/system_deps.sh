@@ -4,6 +4,10 @@
 set -euo pipefail
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+# nginx: tests/e2e/test_nginx.py runs the shipped config (skipped without it); openssl makes
+# its certificate. Debian keeps nginx in /usr/sbin, often off a user's PATH.
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if ! command -v apt-get >/dev/null 2>&1; then
   echo "system_deps: no apt-get; please install: ${missing[*]} (continuing)" >&2

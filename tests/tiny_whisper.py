@@ -11,6 +11,8 @@ deterministic.
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Any, Final
@@ -54,6 +56,30 @@ _TASK_TOKENS: Final = (
 F32 = npt.NDArray[np.float32]
 
 
+@dataclass(frozen=True)
+class Dims:
+    """Model shape. The defaults are the tiny test model; `LARGE_V3_TURBO` is real size."""
+
+    n_mels: int = N_MELS
+    d_model: int = D_MODEL
+    heads: int = N_HEADS
+    ffn: int = FFN
+    encoder_layers: int = 1
+    decoder_layers: int = 1
+
+    @property
+    def scale(self) -> float:
+        """Keeps activations in range as the width grows (1.0 at the tiny width)."""
+        return math.sqrt(D_MODEL / self.d_model)
+
+
+TINY: Final = Dims()
+LARGE_V3_TURBO: Final = Dims(
+    n_mels=128, d_model=1280, heads=20, ffn=5120, encoder_layers=32, decoder_layers=4
+)
+"""whisper-large-v3-turbo's shape (~800M parameters): for GPU benchmarks with random weights."""
+
+
 def _byte_alphabet() -> list[str]:
     """GPT-2's byte-to-unicode table, in id order (so the space `Ġ` gets id 220)."""
     printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
@@ -89,11 +115,14 @@ def _tokenizer(tokens: list[str]) -> Tokenizer:
 class _Weights:
     """Seeded random tensors of the right shapes."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, dims: Dims) -> None:
         self._rng = np.random.default_rng(seed)
+        self.d = dims.d_model
+        self.ffn_width = dims.ffn
+        self.scale = dims.scale
 
     def normal(self, *shape: int, scale: float = 0.2) -> F32:
-        return (self._rng.standard_normal(shape) * scale).astype(np.float32)
+        return (self._rng.standard_normal(shape) * (scale * self.scale)).astype(np.float32)
 
     def linear(self, spec: Any, n_out: int, n_in: int, bias: bool = True) -> None:
         spec.weight = self.normal(n_out, n_in)
@@ -101,44 +130,47 @@ class _Weights:
             spec.bias = self.normal(n_out, scale=0.02)
 
     def layer_norm(self, spec: Any) -> None:
-        spec.gamma = np.ones(D_MODEL, dtype=np.float32)
-        spec.beta = np.zeros(D_MODEL, dtype=np.float32)
+        spec.gamma = np.ones(self.d, dtype=np.float32)
+        spec.beta = np.zeros(self.d, dtype=np.float32)
 
     def ffn(self, spec: transformer_spec.FeedForwardSpec) -> None:
         self.layer_norm(spec.layer_norm)
-        self.linear(spec.linear_0, FFN, D_MODEL)
-        self.linear(spec.linear_1, D_MODEL, FFN)
+        self.linear(spec.linear_0, self.ffn_width, self.d)
+        self.linear(spec.linear_1, self.d, self.ffn_width)
 
     def attention(self, spec: Any, self_attention: bool) -> None:
         self.layer_norm(spec.layer_norm)
         linears = spec.linear
         if self_attention:
-            self.linear(linears[0], 3 * D_MODEL, D_MODEL)
+            self.linear(linears[0], 3 * self.d, self.d)
         else:
-            linears[0].weight = self.normal(D_MODEL, D_MODEL, scale=CROSS_QUERY_SCALE)
-            linears[0].bias = self.normal(D_MODEL, scale=0.02)
-            self.linear(linears[1], 2 * D_MODEL, D_MODEL)
-        self.linear(linears[-1], D_MODEL, D_MODEL)
+            linears[0].weight = self.normal(self.d, self.d, scale=CROSS_QUERY_SCALE)
+            linears[0].bias = self.normal(self.d, scale=0.02)
+            self.linear(linears[1], 2 * self.d, self.d)
+        self.linear(linears[-1], self.d, self.d)
 
 
-def _spec(tokens: list[str], seed: int) -> whisper_spec.WhisperSpec:
-    spec = whisper_spec.WhisperSpec(1, N_HEADS, 1, N_HEADS)
-    w = _Weights(seed)
+def _spec(tokens: list[str], seed: int, dims: Dims) -> whisper_spec.WhisperSpec:
+    spec = whisper_spec.WhisperSpec(
+        dims.encoder_layers, dims.heads, dims.decoder_layers, dims.heads
+    )
+    w = _Weights(seed, dims)
+    d = dims.d_model
     enc = spec.encoder
-    enc.conv1.weight = w.normal(D_MODEL, N_MELS, 3)
-    enc.conv1.bias = w.normal(D_MODEL, scale=0.02)
-    enc.conv2.weight = w.normal(D_MODEL, D_MODEL, 3)
-    enc.conv2.bias = w.normal(D_MODEL, scale=0.02)
-    enc.position_encodings.encodings = w.normal(N_AUDIO_CTX, D_MODEL)
+    enc.conv1.weight = w.normal(d, dims.n_mels, 3)
+    enc.conv1.bias = w.normal(d, scale=0.02)
+    enc.conv2.weight = w.normal(d, d, 3)
+    enc.conv2.bias = w.normal(d, scale=0.02)
+    enc.position_encodings.encodings = w.normal(N_AUDIO_CTX, d)
     w.layer_norm(enc.layer_norm)
     for layer in enc.layer:
         w.attention(layer.self_attention, self_attention=True)
         w.ffn(layer.ffn)
 
     dec = spec.decoder
-    embeddings = w.normal(VOCAB_SIZE, D_MODEL, scale=0.5)
+    embeddings = w.normal(VOCAB_SIZE, d, scale=0.5)
     dec.embeddings.weight = embeddings
-    dec.position_encodings.encodings = w.normal(N_TEXT_CTX, D_MODEL)
+    dec.position_encodings.encodings = w.normal(N_TEXT_CTX, d)
     w.layer_norm(dec.layer_norm)
     for layer in dec.layer:
         w.attention(layer.self_attention, self_attention=True)
@@ -158,17 +190,19 @@ def _spec(tokens: list[str], seed: int) -> whisper_spec.WhisperSpec:
     return spec
 
 
-def build_tiny_whisper(path: Path, seed: int = 0) -> Path:
-    """Write a tiny multilingual Whisper (CTranslate2 + tokenizer.json) into `path`; return it."""
+def build_tiny_whisper(path: Path, seed: int = 0, dims: Dims = TINY) -> Path:
+    """Write a random-weight multilingual Whisper (CTranslate2 + tokenizer.json) into `path`.
+
+    Tiny by default; `dims=LARGE_V3_TURBO` builds one of real size (minutes, ~1.6 GB)."""
     path.mkdir(parents=True, exist_ok=True)
     tokens = whisper_tokens()
-    spec = _spec(tokens, seed)
+    spec = _spec(tokens, seed, dims)
     spec.validate()
     spec.optimize(quantization="float16")  # half the size; the tied weight is stored once
     spec.save(str(path))
     _tokenizer(tokens).save(str(path / "tokenizer.json"))
     preprocessor = {
-        "feature_size": N_MELS,
+        "feature_size": dims.n_mels,
         "sampling_rate": 16000,
         "hop_length": 160,
         "chunk_length": 30,

@@ -17,6 +17,7 @@ from services.asr.rest import router
 from services.asr.settings import AsrSettings
 from services.asr.stream import serve_asr_stream
 from services.common.bus import JobStream, Keys, connect, unique_consumer_name
+from services.common.devices import cuda_index
 from services.common.lifecycle import Background
 from services.common.service import ServiceState, install_ops
 from services.common.vad import SileroVad
@@ -38,7 +39,7 @@ def create_app(settings: AsrSettings, engine: AsrEngine | None = None) -> FastAP
         engine=engine.name,
         model=engine.model,
         device=engine.device,
-        gpu_index=section.whisper.device_index if engine.device.startswith("cuda") else None,
+        gpu_index=cuda_index(engine.device),
         queue_depth=batcher.depth,
     )
     vad_holder: dict[str, SileroVad] = {}

@@ -9,6 +9,7 @@ its own worker thread. Partials never delay a final.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -49,6 +50,7 @@ class Batcher:
         self._finals: deque[_Waiting] = deque()
         self._partials: deque[_Waiting] = deque()
         self._wakeup = asyncio.Event()
+        self._full = asyncio.Event()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="asr-model")
         self.batches_run = 0
 
@@ -64,6 +66,8 @@ class Batcher:
         waiting = _Waiting(item, mode, asyncio.get_running_loop().create_future())
         (self._finals if mode == "final" else self._partials).append(waiting)
         self._wakeup.set()
+        if self.depth() >= self.max_batch:
+            self._full.set()
         return await waiting.future
 
     async def run(self) -> None:
@@ -73,11 +77,17 @@ class Batcher:
                 await self._wakeup.wait()
                 self._wakeup.clear()
                 if self.max_wait_s and self.depth() < self.max_batch:
-                    await asyncio.sleep(self.max_wait_s)
+                    await self._wait_for_more()
                 while batch := self._take_batch():
                     await self._run_batch(batch)
         finally:
             self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _wait_for_more(self) -> None:
+        """Give a batch up to `max_wait_ms` to fill; a full batch goes at once."""
+        self._full.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._full.wait(), self.max_wait_s)
 
     def _take_batch(self) -> list[_Waiting]:
         batch: list[_Waiting] = []

@@ -18,6 +18,12 @@ from services.common.errors import InvalidAudio, InvalidMessage
 ResponseFormat = Literal["json", "text", "verbose_json", "srt", "vtt"]
 
 
+class UploadTooLarge(InvalidAudio):
+    """An upload over `max_upload_mb`: HTTP 413, as OpenAI answers."""
+
+    http_status = 413
+
+
 def _timestamp(seconds: float, sep: str) -> str:
     ms = round(seconds * 1000)
     h, rest = divmod(ms, 3_600_000)
@@ -85,7 +91,7 @@ def router(batcher: Batcher, max_upload_bytes: int) -> APIRouter:
             )
         data = await file.read(max_upload_bytes + 1)
         if len(data) > max_upload_bytes:
-            raise InvalidAudio(f"the upload exceeds {max_upload_bytes} bytes")
+            raise UploadTooLarge(f"the upload exceeds the limit of {max_upload_bytes} bytes")
         audio = await asyncio.to_thread(decode_file, data, batcher.engine.sample_rate)
         transcript = await batcher.transcribe(AsrInput(audio, language or None))
         metrics.REQUEST_DURATION.labels("asr", "transcriptions").observe(

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
+from services.common.profiles import gpu_defaults, with_defaults
 from services.common.settings import BaseServiceSettings, ServerSettings
 from services.common.vad import VadSettings
 
@@ -33,16 +34,23 @@ class WhisperSettings(BaseModel):
     """Where pulled models live: `<models_dir>/faster-whisper-<model>`."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Device; `auto` uses CUDA when CTranslate2 sees a GPU."""
+    gpu: int | None = Field(default=None, ge=0, le=63)
+    """Physical GPU this service owns (nvidia-smi numbering): pins CUDA_VISIBLE_DEVICES to it
+    when unset, so the model runs on cuda:0; unset: `device_index` among the visible GPUs."""
     device_index: int = Field(default=0, ge=0, le=63)
-    """GPU index as this process sees it (after CUDA_VISIBLE_DEVICES)."""
+    """GPU index as this process sees it (after CUDA_VISIBLE_DEVICES); ignored when `gpu` is set."""
     compute_type: Literal["default", "float16", "int8_float16", "int8", "float32", "bfloat16"] = (
         "default"
     )
-    """CTranslate2 compute type."""
+    """CTranslate2 compute type; `default`: float16 on CUDA, int8 on CPU."""
     cpu_threads: int = Field(default=0, ge=0, le=256)
     """CPU threads for CPU inference (0: CTranslate2's default)."""
     beam_size: int = Field(default=1, ge=1, le=10)
     """Beam size; 1 is greedy, the low-latency default."""
+    language: str | None = Field(default=None, min_length=2, max_length=8)
+    """Language assumed when a request names none (skips detection); unset: detect it."""
+    warmup: bool = True
+    """Run one utterance through the model at start-up, so the first user does not pay for it."""
     allow_download: bool = False
     """Download the model from the Hub at start-up if missing (off: fail with the fix)."""
 
@@ -79,3 +87,14 @@ class AsrSettings(BaseServiceSettings):
     """The ASR service."""
     vad: VadSettings = VadSettings()
     """Voice activity detection for `/v1/stream/asr`."""
+
+    @model_validator(mode="after")
+    def _apply_profile(self) -> AsrSettings:
+        """`dual-gpu`: faster-whisper on CUDA, physical GPU 0, unless set explicitly."""
+        if self.profile != "dual-gpu":
+            return self
+        asr = with_defaults(self.asr, {"engine": "faster-whisper"})
+        if asr.engine == "faster-whisper":
+            asr = with_defaults(asr, {"whisper": gpu_defaults(asr.whisper, 0)})
+        self.asr = asr
+        return self

@@ -90,8 +90,8 @@ class AsrStream:
     async def _final(self, segment_id: str, end: SpeechEnd) -> None:
         try:
             transcript = await self.batcher.transcribe(AsrInput(end.audio, self.language))
-        except VoiceAgentError as exc:
-            await self.channel.send_error(exc, segment_id)
+        except VoiceAgentError as exc:  # this segment is lost; the stream goes on
+            await self.channel.send_error(exc, segment_id, fatal=False)
             return
         await self.channel.send(
             SegmentFinal(

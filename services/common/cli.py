@@ -3,6 +3,8 @@
 voice-agent up                       Redis (if none) + ASR + TTS + gateway, until Ctrl-C
 voice-agent asr|tts|gateway [--port] one service
 voice-agent client --wav FILE        talk to the agent with a wav file
+voice-agent doctor                   check GPUs, models, Redis, ports and nginx
+voice-agent models pull NAME [--dir] download model weights (models list: the names)
 """
 
 from __future__ import annotations
@@ -121,6 +123,12 @@ def main(argv: list[str] | None = None) -> None:
     p_config = sub.add_parser("config", help="print every setting, its default and meaning")
     p_config.add_argument("--markdown", action="store_true", help="(the only format for now)")
     p_config.set_defaults(func=config)
+    from services.common.doctor import add_parser as add_doctor
+
+    add_doctor(sub)
+    from services.common.models import add_models_command
+
+    add_models_command(sub)
     args, rest = parser.parse_known_args(argv)
     if args.func is None:
         run_service(args.service, rest)

@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import FastAPI, Request, WebSocket
+from fastapi.exceptions import RequestValidationError, WebSocketRequestValidationError
 from fastapi.responses import JSONResponse, Response
 from redis.asyncio import Redis
 
 from services.common import metrics
-from services.common.errors import CapacityError, VoiceAgentError
+from services.common.errors import (
+    CapacityError,
+    InvalidMessage,
+    UnsupportedSampleRate,
+    VoiceAgentError,
+)
 from services.common.gpu import gpu_report
+from services.common.settings import ALLOWED_SAMPLE_RATES
+from services.common.ws import Channel
 
 log = logging.getLogger(__name__)
 
@@ -45,13 +53,38 @@ class ServiceState:
         self.active_connections -= 1
         metrics.ACTIVE_CONNECTIONS.labels(self.service).set(self.active_connections)
 
-    async def redis_ok(self) -> bool:
+    async def redis_ok(self, timeout_s: float = 1.0) -> bool:
+        """Whether Redis answers PING within `timeout_s` (so /ready never hangs on it)."""
         try:
-            return bool(await self.redis.ping())
+            async with asyncio.timeout(timeout_s):
+                return bool(await self.redis.ping())
         except Exception:
             return False
 
-    def health(self, redis_ok: bool) -> dict[str, Any]:
+    def readiness(self, redis_ok: bool) -> dict[str, bool]:
+        """The checks /ready reports; ready when all hold (PROTOCOL.md)."""
+        return {
+            "model_loaded": self.model_loaded,
+            "redis": redis_ok,
+            "not_draining": not self.draining,
+        }
+
+    def gpu(self) -> dict[str, Any]:
+        """The service's GPU (`available: False` on CPU); updates the GPU gauges. Blocking."""
+        if self.gpu_index is None:
+            reason = f"the service runs on {self.device}"
+            return {"id": None, "name": None, "available": False, "reason": reason}
+        gpu = gpu_report(self.gpu_index)
+        if gpu["available"]:
+            label = str(gpu["id"])
+            if gpu.get("utilization") is not None:
+                metrics.GPU_UTILIZATION.labels(self.service, label).set(gpu["utilization"])
+            metrics.GPU_MEMORY_USED.labels(self.service, label).set(gpu["memory_reserved"])
+            metrics.GPU_MEMORY_TOTAL.labels(self.service, label).set(gpu["memory_total"])
+        return gpu
+
+    def health(self, redis_ok: bool, gpu: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The /health report (the fields seed deployments poll included)."""
         depth = self.queue_depth()
         metrics.QUEUE_DEPTH.labels(self.service).set(depth)
         report: dict[str, Any] = {
@@ -67,17 +100,17 @@ class ServiceState:
             "queue_depth": depth,
             "queue_size": depth,
             "uptime_s": round(time.time() - self.started_at, 3),
+            "gpu": self.gpu() if gpu is None else gpu,
         }
-        if self.gpu_index is not None:
-            gpu = gpu_report(self.gpu_index)
-            report["gpu"] = gpu
-            if gpu.get("available"):
-                label = str(gpu["id"])
-                metrics.GPU_UTILIZATION.labels(self.service, label).set(gpu["utilization"])
-                metrics.GPU_MEMORY_USED.labels(self.service, label).set(gpu["memory_allocated"])
-                metrics.GPU_MEMORY_TOTAL.labels(self.service, label).set(gpu["memory_total"])
         report.update(self.extra())
         return report
+
+    async def refresh_gauges(self) -> None:
+        """Bring the gauges a scrape reads up to date: queue depth, readiness, GPU."""
+        redis_ok = await self.redis_ok()
+        metrics.QUEUE_DEPTH.labels(self.service).set(self.queue_depth())
+        metrics.READY.labels(self.service).set(1 if all(self.readiness(redis_ok).values()) else 0)
+        await asyncio.to_thread(self.gpu)
 
 
 def error_body(exc: VoiceAgentError) -> dict[str, Any]:
@@ -85,27 +118,42 @@ def error_body(exc: VoiceAgentError) -> dict[str, Any]:
     return {"error": {"message": exc.message, "type": exc.code, "code": exc.code}}
 
 
+def _first_problem(errors: Sequence[Any]) -> tuple[str, str]:
+    """(where, what) of the first validation error, e.g. ("sample_rate", "Input should be...")."""
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    return ".".join(str(p) for p in first.get("loc", ())[1:]), str(first.get("msg"))
+
+
+def query_error(errors: Sequence[Any]) -> VoiceAgentError:
+    """A WebSocket query that failed validation, as the fatal typed error it is (close 1008)."""
+    where, what = _first_problem(errors)
+    message = f"query parameter {where}: {what}" if where else what
+    error: VoiceAgentError = InvalidMessage(message)
+    if where.endswith("sample_rate"):
+        allowed = ", ".join(str(r) for r in ALLOWED_SAMPLE_RATES)
+        error = UnsupportedSampleRate(f"{message}; use one of {allowed}")
+    error.fatal, error.close_code = True, 1008
+    return error
+
+
 def install_ops(app: FastAPI, state: ServiceState) -> None:
     """Add /health, /ready, /metrics and the domain-error → HTTP mapping to an app."""
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return state.health(await state.redis_ok())
+        redis_ok = await state.redis_ok()
+        return state.health(redis_ok, await asyncio.to_thread(state.gpu))
 
     @app.get("/ready")
     async def ready() -> JSONResponse:
-        redis_ok = await state.redis_ok()
-        checks = {
-            "model_loaded": state.model_loaded,
-            "redis": redis_ok,
-            "not_draining": not state.draining,
-        }
+        checks = state.readiness(await state.redis_ok())
         is_ready = all(checks.values())
         metrics.READY.labels(state.service).set(1 if is_ready else 0)
         return JSONResponse({"ready": is_ready, "checks": checks}, 200 if is_ready else 503)
 
     @app.get("/metrics")
     async def prometheus() -> Response:
+        await state.refresh_gauges()
         body, content_type = metrics.render()
         return Response(body, media_type=content_type)
 
@@ -122,8 +170,13 @@ def install_ops(app: FastAPI, state: ServiceState) -> None:
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         metrics.ERRORS.labels(state.service, "invalid_message").inc()
-        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-        where = ".".join(str(p) for p in first.get("loc", ())[1:])
-        message = f"{where}: {first.get('msg')}" if where else str(first.get("msg"))
+        where, what = _first_problem(exc.errors())
+        message = f"{where}: {what}" if where else what
         body = {"error": {"message": message, "type": "invalid_message", "code": "invalid_message"}}
         return JSONResponse(body, 400)
+
+    @app.exception_handler(WebSocketRequestValidationError)
+    async def ws_validation_error(ws: WebSocket, exc: WebSocketRequestValidationError) -> None:
+        # Accept, so the client reads a typed error instead of a bare HTTP 403 handshake.
+        await ws.accept()
+        await Channel(ws, state.service, max_frame_bytes=0).fail(query_error(exc.errors()))

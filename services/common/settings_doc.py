@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import itertools
 from typing import Any
 
 from pydantic import BaseModel
@@ -24,7 +25,7 @@ def _docstrings(model: type[BaseModel]) -> dict[str, str]:
         except (OSError, TypeError):
             continue
         body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
-        for field, nxt in zip(body, body[1:], strict=False):
+        for field, nxt in itertools.pairwise(body):
             if (
                 isinstance(field, ast.AnnAssign)
                 and isinstance(field.target, ast.Name)

@@ -65,12 +65,17 @@ class Channel:
             except (WebSocketDisconnect, RuntimeError, OSError):
                 self.closed = True
 
-    async def send_error(self, exc: VoiceAgentError, request_id: str | None = None) -> None:
-        """Report a domain error as an `error` event (and count it)."""
+    async def send_error(
+        self, exc: VoiceAgentError, request_id: str | None = None, fatal: bool | None = None
+    ) -> None:
+        """Report a domain error as an `error` event (and count it).
+
+        `fatal` overrides the error's own flag: a capacity error that refuses one request
+        on a connection that goes on is not fatal there.
+        """
         metrics.ERRORS.labels(self.service, exc.code).inc()
-        await self.send(
-            ErrorEvent(code=exc.code, message=exc.message, fatal=exc.fatal, id=request_id)
-        )
+        fatal = exc.fatal if fatal is None else fatal
+        await self.send(ErrorEvent(code=exc.code, message=exc.message, fatal=fatal, id=request_id))
 
     async def close(self, code: int = 1000, reason: str = "") -> None:
         async with self._lock:

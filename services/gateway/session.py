@@ -63,6 +63,17 @@ class SessionClosed(Exception):
     """The client asked to close the session."""
 
 
+_CLIENT_CODES = frozenset({"invalid_message", "invalid_audio", "unsupported_sample_rate"})
+
+
+def _job_error(result: JobFailed, fallback: type[VoiceAgentError]) -> VoiceAgentError:
+    """A failed job as the client's error: the worker's code when it names the client's mistake."""
+    error = fallback(result.message)
+    if result.code in _CLIENT_CODES:
+        error.code = result.code
+    return error
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:16]}"
 
@@ -346,12 +357,12 @@ class Session:
             utterance = self.utterances.pop(result.utterance_id, None)
             if utterance is not None and utterance.timeout is not None:
                 utterance.timeout.cancel()
-            await self.channel.send_error(AsrUnavailable(result.message))
+            await self.channel.send_error(_job_error(result, AsrUnavailable))
         elif result.response_id is not None and result.seq is not None:
             active = self._current(result.response_id)
             if active is not None:
                 active.audio.finish_chunk(result.seq, 0, failed=True)
-                await self.channel.send_error(TtsUnavailable(result.message))
+                await self.channel.send_error(_job_error(result, TtsUnavailable))
 
     def _current(self, response_id: str) -> _Response | None:
         active = self.response

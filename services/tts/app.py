@@ -20,6 +20,8 @@ from services.tts.rest import router
 from services.tts.settings import TtsSettings
 from services.tts.stream import serve_tts_stream
 from services.tts.synthesizer import Synthesizer
+from services.tts.voices import VoiceLibrary
+from services.tts.voices_api import router as voices_router
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +32,10 @@ def create_app(settings: TtsSettings, engine: TtsEngine | None = None) -> FastAP
     engine = engine or create_engine(section)
     redis = connect(settings.redis)
     keys = Keys(settings.redis.prefix)
-    synthesizer = Synthesizer(engine, section.max_concurrent, section.max_queue, section.chunk_ms)
+    library = VoiceLibrary(redis, settings.redis.prefix, section.voices)
+    synthesizer = Synthesizer(
+        engine, section.max_concurrent, section.max_queue, section.chunk_ms, library
+    )
     state = ServiceState(
         service="tts",
         redis=redis,
@@ -67,11 +72,17 @@ def create_app(settings: TtsSettings, engine: TtsEngine | None = None) -> FastAP
     app = FastAPI(title="voice-agent TTS", lifespan=lifespan)
     install_ops(app, state)
     app.include_router(router(synthesizer, section.max_input_chars))
+    app.include_router(voices_router(synthesizer, library))
 
     @app.websocket("/v1/stream/tts")
     async def tts_stream(ws: WebSocket) -> None:
         await serve_tts_stream(
-            ws, state, synthesizer, engine.sample_rate, section.server.ws_max_frame_bytes
+            ws,
+            state,
+            synthesizer,
+            engine.sample_rate,
+            section.server.ws_max_frame_bytes,
+            section.max_input_chars,
         )
 
     app.state.service = state

@@ -1,4 +1,10 @@
-"""`POST /v1/audio/speech` (OpenAI-compatible) and `GET /v1/voices`."""
+"""`POST /v1/audio/speech` (OpenAI-compatible); the voice routes are in voices_api.py.
+
+OpenAI's voice names (`alloy`, `nova`, ...) are accepted and all map to the engine's
+default voice; `GET /v1/voices` lists them under `openai_voices`. Any other name must be
+one of the engine's voices or a library voice id, else 400. `pcm` is headerless PCM16
+at 24 kHz, as OpenAI's.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +25,9 @@ from services.common.errors import InvalidMessage
 from services.tts.engines.base import SpeechRequest
 from services.tts.synthesizer import Synthesizer
 
+OPENAI_PCM_RATE = 24000
+"""OpenAI's `pcm` is headerless PCM16 at 24 kHz: without a header, clients can only assume it."""
+
 
 class SpeechBody(BaseModel):
     """The request body of OpenAI's speech endpoint (unknown fields ignored)."""
@@ -28,9 +37,16 @@ class SpeechBody(BaseModel):
     model: str = "tts-1"
     input: str = Field(min_length=1)
     voice: str | dict[str, Any] = "default"
+    """An engine voice, `default`, or an OpenAI voice name (mapped to the default voice)."""
     response_format: str = "mp3"
     speed: float = Field(default=1.0, ge=0.25, le=4.0)
     sample_rate: int | None = Field(default=None, ge=8000, le=48000)
+    exaggeration: float | None = Field(default=None, ge=0.0, le=2.0)
+    """chatterbox: emotion exaggeration for this request (default from settings)."""
+    cfg_weight: float | None = Field(default=None, ge=0.0, le=2.0)
+    """chatterbox: classifier-free guidance weight for this request."""
+    temperature: float | None = Field(default=None, ge=0.05, le=2.0)
+    """chatterbox: sampling temperature for this request."""
 
 
 def router(synthesizer: Synthesizer, max_input_chars: int) -> APIRouter:
@@ -50,13 +66,17 @@ def router(synthesizer: Synthesizer, max_input_chars: int) -> APIRouter:
             raise InvalidMessage(f"input exceeds {max_input_chars} characters")
         voice = body.voice if isinstance(body.voice, str) else str(body.voice.get("id", ""))
         request = SpeechRequest(
-            text=body.input, voice=synthesizer.resolve_voice(voice), speed=body.speed
+            text=body.input,
+            voice=synthesizer.resolve_voice(voice),
+            speed=body.speed,
+            exaggeration=body.exaggeration,
+            cfg_weight=body.cfg_weight,
+            temperature=body.temperature,
         )
-        rate = body.sample_rate or synthesizer.engine.sample_rate
+        default_rate = OPENAI_PCM_RATE if body.response_format == "pcm" else None
+        rate = body.sample_rate or default_rate or synthesizer.engine.sample_rate
         if body.response_format == "pcm":
-            return StreamingResponse(
-                _pcm_stream(synthesizer, request, rate), media_type="audio/pcm"
-            )
+            return await _pcm_response(synthesizer, request, rate)
         async with aclosing(synthesizer.stream(request, rate)) as chunks:
             audio = [chunk async for chunk in chunks]
         samples = np.concatenate(audio) if audio else np.zeros(0, np.float32)
@@ -65,20 +85,25 @@ def router(synthesizer: Synthesizer, max_input_chars: int) -> APIRouter:
         metrics.REQUESTS.labels("tts", "speech", "ok").inc()
         return Response(data, media_type=media_type(body.response_format))
 
-    @api.get("/v1/voices")
-    async def voices() -> dict[str, Any]:
-        engine = synthesizer.engine
-        return {
-            "default": engine.default_voice,
-            "voices": [{"id": v, "engine": engine.name} for v in engine.voices()],
-        }
-
     return api
 
 
-async def _pcm_stream(
-    synthesizer: Synthesizer, request: SpeechRequest, rate: int
-) -> AsyncIterator[bytes]:
-    async with aclosing(synthesizer.stream(request, rate)) as chunks:
-        async for chunk in chunks:
-            yield float_to_pcm16(chunk)
+async def _pcm_response(synthesizer: Synthesizer, request: SpeechRequest, rate: int) -> Response:
+    """Stream raw PCM; the first chunk is made before the 200 goes out, so capacity and
+    engine errors still become an HTTP error status instead of a cut-off body."""
+    chunks = synthesizer.stream(request, rate)
+    try:
+        first = await anext(chunks)
+    except StopAsyncIteration:
+        return Response(b"", media_type="audio/pcm")
+    except BaseException:
+        await chunks.aclose()
+        raise
+
+    async def body() -> AsyncIterator[bytes]:
+        async with aclosing(chunks):
+            yield float_to_pcm16(first)
+            async for chunk in chunks:
+                yield float_to_pcm16(chunk)
+
+    return StreamingResponse(body(), media_type="audio/pcm")

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
+from services.common.profiles import gpu_defaults, with_defaults
 from services.common.settings import BaseServiceSettings, ServerSettings
+
+TOKEN_MS: Final = 40
+"""chatterbox makes 25 speech tokens per second of audio."""
+S3GEN_LOOKAHEAD_TOKENS: Final = 3
+"""S3Gen renders no audio for the last 3 tokens of a segment that is not the last one."""
+S3GEN_FADE_TOKENS: Final = 1
+"""S3Gen silences and fades in the first 40 ms of every segment it renders."""
 
 
 class EspeakSettings(BaseModel):
@@ -20,7 +28,7 @@ class EspeakSettings(BaseModel):
 
 
 class ChatterboxSettings(BaseModel):
-    """chatterbox-tts."""
+    """chatterbox-tts, streamed: speech tokens in chunks, each vocoded with left context."""
 
     model: str = "chatterbox"
     """Model name (as `voice-agent models pull` names it) or a folder path."""
@@ -28,18 +36,79 @@ class ChatterboxSettings(BaseModel):
     """Where pulled models live: `<models_dir>/<model>`."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Device; `auto` uses CUDA when torch sees a GPU."""
+    gpu: int | None = Field(default=None, ge=0, le=63)
+    """Physical GPU this service owns (nvidia-smi numbering): pins CUDA_VISIBLE_DEVICES to it
+    when unset, so the model runs on cuda:0; unset: `device_index` among the visible GPUs."""
     device_index: int = Field(default=0, ge=0, le=63)
-    """GPU index as this process sees it (after CUDA_VISIBLE_DEVICES)."""
+    """GPU index as this process sees it (after CUDA_VISIBLE_DEVICES); ignored when `gpu` is set."""
     allow_download: bool = False
     """Download from the Hub at start-up if missing (off: fail with the fix)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Precision of the token model (T3); `auto`: bfloat16 where the GPU supports it."""
+    compile_mode: Literal["off", "default", "reduce-overhead", "max-autotune"] = "off"
+    """torch.compile the token model's step (`reduce-overhead` uses CUDA graphs); GPU only."""
+    watermark: bool = True
+    """Apply chatterbox's Perth watermark to every rendered segment, as upstream does."""
     exaggeration: float = Field(default=0.5, ge=0.0, le=2.0)
     """Default emotion exaggeration."""
     cfg_weight: float = Field(default=0.5, ge=0.0, le=2.0)
-    """Default classifier-free guidance weight."""
+    """Default classifier-free guidance weight (0 turns guidance off: half the token work)."""
     temperature: float = Field(default=0.8, ge=0.05, le=2.0)
     """Default sampling temperature."""
-    chunk_ms: int = Field(default=400, ge=40, le=5000)
-    """Size of the audio chunks sent while streaming."""
+    min_p: float = Field(default=0.05, ge=0.0, le=1.0)
+    """Min-p sampling threshold."""
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    """Top-p (nucleus) sampling threshold; 1 keeps every token."""
+    repetition_penalty: float = Field(default=1.2, ge=1.0, le=3.0)
+    """Penalty on speech tokens already generated."""
+    max_new_tokens: int = Field(default=1000, ge=10, le=4000)
+    """Most speech tokens for one request (25 per second of audio: 1000 is 40 s)."""
+    first_chunk_tokens: int = Field(default=10, ge=S3GEN_LOOKAHEAD_TOKENS + 1, le=500)
+    """Tokens before the first audio is rendered: small, so the first audio leaves early."""
+    chunk_tokens: int = Field(default=25, ge=S3GEN_LOOKAHEAD_TOKENS + 1, le=1000)
+    """Tokens per later chunk (25 = 1 s of audio)."""
+    context_tokens: int = Field(default=8, ge=0, le=200)
+    """Tokens before a chunk re-rendered with it for continuity (their audio is dropped)."""
+    overlap_ms: int = Field(default=40, ge=0, le=500)
+    """Cross-fade between consecutive chunks' renderings of the same stretch of audio."""
+
+    @model_validator(mode="after")
+    def _context_covers_the_join(self) -> ChatterboxSettings:
+        needed = self.overlap_ms + TOKEN_MS * (S3GEN_LOOKAHEAD_TOKENS + S3GEN_FADE_TOKENS)
+        if self.context_tokens * TOKEN_MS < needed:
+            raise ValueError(
+                f"context_tokens={self.context_tokens} ({self.context_tokens * TOKEN_MS} ms) must "
+                f"cover overlap_ms plus {needed - self.overlap_ms} ms S3Gen leaves out at a "
+                f"chunk's edges: at least {-(-needed // TOKEN_MS)} tokens"
+            )
+        return self
+
+
+class VoiceLibrarySettings(BaseModel):
+    """Uploaded reference clips (`/v1/voices`): files on disk, metadata in Redis."""
+
+    dir: Path = Path("var/voices")
+    """Folder of the clips (`<id>.wav`); other hosts fetch a missing clip from Redis."""
+    max_upload_mb: float = Field(default=10.0, ge=0.1, le=200.0)
+    """Largest upload accepted."""
+    min_duration_s: float = Field(default=3.0, ge=0.5, le=60.0)
+    """Shortest clip accepted."""
+    max_duration_s: float = Field(default=30.0, ge=1.0, le=300.0)
+    """Longest clip accepted."""
+    min_rms_dbfs: float = Field(default=-40.0, ge=-90.0, le=-3.0)
+    """Quietest clip accepted (RMS level in dBFS): below it a clip counts as silent."""
+    max_clipped_fraction: float = Field(default=0.01, ge=0.0, le=1.0)
+    """Largest share of samples at full scale before a clip counts as clipped."""
+    max_voices: int = Field(default=1000, ge=1, le=1_000_000)
+    """Most voices in the library."""
+    sample_rate: int = Field(default=24000, ge=8000, le=48000)
+    """Rate of the stored clips (chatterbox's own)."""
+
+    @model_validator(mode="after")
+    def _durations_in_order(self) -> VoiceLibrarySettings:
+        if self.min_duration_s >= self.max_duration_s:
+            raise ValueError("min_duration_s must be below max_duration_s")
+        return self
 
 
 class TtsSection(BaseModel):
@@ -51,6 +120,8 @@ class TtsSection(BaseModel):
     """espeak-ng settings."""
     chatterbox: ChatterboxSettings = ChatterboxSettings()
     """chatterbox settings."""
+    voices: VoiceLibrarySettings = VoiceLibrarySettings()
+    """The voice library."""
     server: ServerSettings = ServerSettings(port=8002)
     """Where the service listens."""
     max_concurrent: int = Field(default=2, ge=1, le=256)
@@ -68,3 +139,14 @@ class TtsSettings(BaseServiceSettings):
 
     tts: TtsSection = TtsSection()
     """The TTS service."""
+
+    @model_validator(mode="after")
+    def _apply_profile(self) -> TtsSettings:
+        """`dual-gpu`: chatterbox on CUDA, physical GPU 1, unless set explicitly."""
+        if self.profile != "dual-gpu":
+            return self
+        tts = with_defaults(self.tts, {"engine": "chatterbox"})
+        if tts.engine == "chatterbox":
+            tts = with_defaults(tts, {"chatterbox": gpu_defaults(tts.chatterbox, 1)})
+        self.tts = tts
+        return self

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+from collections import Counter
 from contextlib import aclosing
 
 from fastapi import WebSocket
@@ -21,19 +23,30 @@ from services.common.events import (
 from services.common.service import ServiceState
 from services.common.ws import Channel, Disconnected
 from services.tts.engines.base import SpeechRequest
+from services.tts.settings import TtsSection
 from services.tts.synthesizer import Synthesizer
 
 MAX_QUEUED = 32
+DEFAULT_MAX_INPUT_CHARS: int = TtsSection.model_fields["max_input_chars"].default
 
 
 class TtsStream:
     """One connection: a reader task takes requests, a speaker task serves them in order."""
 
-    def __init__(self, channel: Channel, synthesizer: Synthesizer, default_rate: int) -> None:
+    def __init__(
+        self,
+        channel: Channel,
+        synthesizer: Synthesizer,
+        default_rate: int,
+        max_input_chars: int = DEFAULT_MAX_INPUT_CHARS,
+    ) -> None:
         self.channel = channel
         self.synthesizer = synthesizer
         self.default_rate = default_rate
+        self.max_input_chars = max_input_chars
         self.requests: asyncio.Queue[Speak] = asyncio.Queue(MAX_QUEUED)
+        self.pending: Counter[str] = Counter()
+        """Ids queued or being spoken; a cancel for any other id is ignored."""
         self.cancelled: set[str] = set()
 
     async def read(self) -> None:
@@ -46,14 +59,20 @@ class TtsStream:
                 message = parse(TTS_CLIENT_EVENTS, frame.text)
                 request_id = message.id
                 if isinstance(message, CancelSpeak):
-                    self.cancelled.add(message.id)
+                    if message.id in self.pending:  # late cancels must not poison a reused id
+                        self.cancelled.add(message.id)
+                elif len(message.text) > self.max_input_chars:
+                    raise InvalidMessage(f"text exceeds {self.max_input_chars} characters")
                 elif self.requests.full():
                     raise CapacityError(f"more than {MAX_QUEUED} requests queued")
                 else:
                     self.synthesizer.resolve_voice(message.voice)  # fail early, by id
                     self.requests.put_nowait(message)
-            except VoiceAgentError as exc:
-                await self.channel.send_error(exc, request_id)
+                    self.pending[message.id] += 1
+            except VoiceAgentError as exc:  # one request refused; the connection goes on
+                await self.channel.send_error(
+                    exc, request_id or _claimed_id(frame.text), fatal=False
+                )
 
     async def speak(self) -> None:
         while True:
@@ -61,9 +80,12 @@ class TtsStream:
             try:
                 await self._speak_one(request)
             except VoiceAgentError as exc:
-                await self.channel.send_error(exc, request.id)
+                await self.channel.send_error(exc, request.id, fatal=False)
             finally:
-                self.cancelled.discard(request.id)
+                self.pending[request.id] -= 1
+                if self.pending[request.id] <= 0:
+                    del self.pending[request.id]
+                    self.cancelled.discard(request.id)
 
     async def _speak_one(self, request: Speak) -> None:
         rate = request.sample_rate or self.default_rate
@@ -93,18 +115,29 @@ class TtsStream:
         )
 
 
+def _claimed_id(text: str | None) -> str | None:
+    """The `id` a rejected message carried, so the client can match the error to its request."""
+    try:
+        raw = json.loads(text or "")
+    except ValueError:
+        return None
+    claimed = raw.get("id") if isinstance(raw, dict) else None
+    return claimed[:128] if isinstance(claimed, str) and claimed else None
+
+
 async def serve_tts_stream(
     ws: WebSocket,
     state: ServiceState,
     synthesizer: Synthesizer,
     default_rate: int,
     max_frame_bytes: int,
+    max_input_chars: int = DEFAULT_MAX_INPUT_CHARS,
 ) -> None:
     """Accept and serve one connection."""
     await ws.accept()
     channel = Channel(ws, "tts", max_frame_bytes)
     state.connection_opened()
-    stream = TtsStream(channel, synthesizer, default_rate)
+    stream = TtsStream(channel, synthesizer, default_rate, max_input_chars)
     try:
         await channel.send(TtsReady())
         async with asyncio.TaskGroup() as tasks:

@@ -2,12 +2,18 @@
 
 The engine runs in a worker thread and hands chunks over a small bounded queue
 (backpressure); the caller gets chunks resampled to the rate it asked for and cut
-to `chunk_ms`, and may stop between chunks: the thread stops at its next chunk.
+to `chunk_ms`, and may stop between chunks: the thread stops at its next chunk (an
+engine that polls `SpeechRequest.should_stop`, like chatterbox, stops sooner).
+
+Voices: `default` and OpenAI's names map to the engine's default voice; a library
+voice id (`v_...`, see voices.py) is looked up in the library when it is spoken, so
+a voice deleted on any host is refused everywhere; other names are engine voices.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from collections.abc import AsyncGenerator
@@ -17,8 +23,9 @@ import numpy as np
 
 from services.common.audio import AudioF32, StreamResampler, ms_to_samples
 from services.common.errors import CapacityError, UnknownVoice
-from services.tts.engines.base import SpeechRequest, TtsEngine
+from services.tts.engines.base import LibraryVoice, SpeechRequest, TtsEngine
 from services.tts.metrics import TTS_AUDIO_SECONDS, TTS_FIRST_AUDIO, TTS_RTF
+from services.tts.voices import VoiceLibrary, is_library_id
 
 OPENAI_VOICES: Final = frozenset(
     {
@@ -43,8 +50,16 @@ _END: Final = object()
 class Synthesizer:
     """Streams speech for many requests, at most `max_concurrent` synthesizing at once."""
 
-    def __init__(self, engine: TtsEngine, max_concurrent: int, max_queue: int, chunk_ms: int):
+    def __init__(
+        self,
+        engine: TtsEngine,
+        max_concurrent: int,
+        max_queue: int,
+        chunk_ms: int,
+        library: VoiceLibrary | None = None,
+    ):
         self.engine = engine
+        self.library = library
         self.max_queue = max_queue
         self.chunk_ms = chunk_ms
         self._slots = asyncio.Semaphore(max_concurrent)
@@ -58,11 +73,14 @@ class Synthesizer:
     def resolve_voice(self, voice: str | None) -> str:
         """An engine voice id for a requested name.
 
-        None, "default" and OpenAI's voice names map to the engine's default voice;
-        other names must be voices the engine knows (else UnknownVoice, HTTP 400).
+        None, "default" and OpenAI's voice names map to the engine's default voice; a
+        library id stays as it is (`stream` looks it up); other names must be voices the
+        engine knows (else UnknownVoice, HTTP 400).
         """
         if voice is None or voice == "default" or voice.lower() in OPENAI_VOICES:
             return self.engine.default_voice
+        if self.library is not None and is_library_id(voice):
+            return voice
         if voice in self.engine.voices():
             return voice
         raise UnknownVoice(
@@ -76,6 +94,7 @@ class Synthesizer:
         """Yield chunks of `chunk_ms` at `sample_rate`. Stop iterating to cancel."""
         if self.waiting >= self.max_queue:
             raise CapacityError(f"TTS queue is full ({self.max_queue} waiting)", retry_after_s=1)
+        request = await self._library_voice(request)
         self.waiting += 1
         try:
             await self._slots.acquire()
@@ -89,12 +108,27 @@ class Synthesizer:
             self.active -= 1
             self._slots.release()
 
+    async def _library_voice(self, request: SpeechRequest) -> SpeechRequest:
+        """The request with a library voice id replaced by the engine voice speaking it."""
+        if self.library is None or not is_library_id(request.voice):
+            return request
+        info = await self.library.get(request.voice)
+        if info is None:
+            raise UnknownVoice(
+                f"unknown voice {request.voice!r}: it was deleted or never existed; "
+                "see GET /v1/voices"
+            )
+        clip = await self.library.local_clip(info)
+        voice = self.engine.library_voice(LibraryVoice(info.id, clip, info.espeak_voice))
+        return dataclasses.replace(request, voice=voice)
+
     async def _run(
         self, request: SpeechRequest, sample_rate: int
     ) -> AsyncGenerator[AudioF32, None]:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[object] = asyncio.Queue(maxsize=4)
         stop = threading.Event()
+        request = dataclasses.replace(request, should_stop=stop.is_set)
 
         def produce() -> None:
             try:

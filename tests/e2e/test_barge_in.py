@@ -27,6 +27,7 @@ async def test_user_speech_stops_the_agent(lite_stack: Stack) -> None:
         done = await client.wait_for(
             "response.done", 10, predicate=lambda e: e["status"] == "cancelled"
         )
+        client.new_turn()  # what follows (the reply to the interruption) is another turn
         await client.silence_until("transcript.final", timeout_s=15)
 
     clear = turn.of_type("output_audio.clear")

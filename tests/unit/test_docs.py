@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_configuration_doc_is_current() -> None:
     current = (ROOT / "docs" / "configuration.md").read_text()
     assert current.strip() == markdown().strip(), (
-        "docs/configuration.md is stale: run `voice-agent config --markdown > docs/configuration.md`"
+        "docs/configuration.md is stale: "
+        "run `voice-agent config --markdown > docs/configuration.md`"
     )
 
 

@@ -16,6 +16,13 @@ prompts of a batch have the same length whatever the languages and one
 Whisper detects for it; a language the model does not know is detected too.
 Each item's output is capped by its own duration, so a batched result equals
 the result of transcribing the item alone (exactly so with greedy decoding).
+
+On a GPU: `gpu` (physical) or `device_index` (visible) picks the device without
+ever asking for `cuda:1` in a process that sees one GPU (services/common/devices.py);
+`compute_type` is float16 by default (int8_float16 and int8 trade a little accuracy
+for memory); `CT2_CUDA_ALLOCATOR=cub_caching` is set unless the environment says
+otherwise; and `load` runs a warm-up so the first user does not pay for CUDA's lazy
+initialization.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import logging
 import math
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -33,6 +40,7 @@ import numpy as np
 
 from services.asr.engines.base import AsrInput, AudioF32, Transcript
 from services.asr.settings import WhisperSettings
+from services.common.devices import VISIBLE, pin_gpu
 from services.common.errors import EngineUnavailable, InvalidAudio
 
 log = logging.getLogger(__name__)
@@ -46,6 +54,8 @@ MIN_NEW_TOKENS: Final = 16
 NO_SPEECH_PROB: Final = 0.6
 LOW_AVG_LOGPROB: Final = -1.0
 """faster-whisper's defaults: above the first and below the second, a result is silence."""
+CUDA_ALLOCATOR: Final = "cub_caching"
+"""CTranslate2's caching allocator: GPU memory stops growing with every new batch size."""
 
 
 def resolve_model_dir(settings: WhisperSettings) -> Path:
@@ -83,12 +93,21 @@ class FasterWhisperEngine:
     name = "faster-whisper"
     sample_rate = 16000
 
-    def __init__(self, settings: WhisperSettings) -> None:
+    def __init__(
+        self, settings: WhisperSettings, environ: MutableMapping[str, str] | None = None
+    ) -> None:
         self.settings = settings
         self.model = settings.model
+        self._environ = os.environ if environ is None else environ
+        self._index = settings.device_index
+        if settings.device != "cpu":  # before anything initializes CUDA in this process
+            self._index = pin_gpu(
+                settings.gpu, settings.device_index, self._environ, "VA_ASR__WHISPER__GPU"
+            )
+            self._environ.setdefault("CT2_CUDA_ALLOCATOR", CUDA_ALLOCATOR)
         cuda = settings.device == "cuda" or (settings.device == "auto" and _cuda_device_count() > 0)
         self._kind = "cuda" if cuda else "cpu"
-        self.device = f"cuda:{settings.device_index}" if cuda else "cpu"
+        self.device = f"cuda:{self._index}" if cuda else "cpu"
         self._whisper: Any = None
         self._suppress: list[int] = []
         self._decoder: Any = None
@@ -107,12 +126,11 @@ class FasterWhisperEngine:
         compute_type = self._compute_type()
         if self._kind == "cuda":
             self._check_cuda()
-            os.environ.setdefault("CT2_CUDA_ALLOCATOR", "cub_caching")
         try:
             whisper = faster_whisper.WhisperModel(
                 str(folder),
                 device=self._kind,
-                device_index=self.settings.device_index,
+                device_index=self._index,
                 compute_type=compute_type,
                 cpu_threads=self.settings.cpu_threads,
                 local_files_only=True,
@@ -126,7 +144,13 @@ class FasterWhisperEngine:
         self._prompts = {}
         self._whisper = whisper
         log.info("faster-whisper %s loaded on %s (%s)", folder, self.device, compute_type)
-        try:  # the first call pays for lazy allocations: pay it here, not a user
+        if self.settings.warmup:
+            self._warm_up()
+
+    def _warm_up(self) -> None:
+        """The first call pays for lazy allocations and kernel loading: pay it here."""
+        try:
+            self.transcribe_batch([AsrInput(np.zeros(self.sample_rate, dtype=np.float32), "en")])
             self.transcribe_batch([AsrInput(np.zeros(self.sample_rate, dtype=np.float32))])
         except RuntimeError as exc:
             self._whisper = None
@@ -142,9 +166,10 @@ class FasterWhisperEngine:
         for index, item in enumerate(items):
             audio = _mono(item.audio)
             duration = audio.size / self.sample_rate
-            results.append(Transcript(text="", language=item.language, duration_s=duration))
+            language = item.language or self.settings.language
+            results.append(Transcript(text="", language=language, duration_s=duration))
             if audio.size:
-                batch.append(_Utterance(index, duration, self._features(audio), item.language))
+                batch.append(_Utterance(index, duration, self._features(audio), language))
         if batch:
             with self._lock:
                 decoded = self._run(batch)
@@ -271,16 +296,16 @@ class FasterWhisperEngine:
 
     def _check_cuda(self) -> None:
         count = _cuda_device_count()
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>")
+        visible = self._environ.get(VISIBLE, "<unset>")
         if count == 0:
             raise EngineUnavailable(
                 "faster-whisper is set to CUDA but CTranslate2 sees no GPU "
                 f"(CUDA_VISIBLE_DEVICES={visible}): fix the driver, "
                 "or set VA_ASR__WHISPER__DEVICE=cpu"
             )
-        if self.settings.device_index >= count:
+        if self._index >= count:
             raise EngineUnavailable(
-                f"device_index {self.settings.device_index} but this process sees {count} GPU(s) "
+                f"device_index {self._index} but this process sees {count} GPU(s) "
                 f"(CUDA_VISIBLE_DEVICES={visible}); indices count from 0 among the visible "
                 "GPUs: set VA_ASR__WHISPER__DEVICE_INDEX accordingly"
             )

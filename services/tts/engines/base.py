@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -14,7 +15,11 @@ AudioF32 = npt.NDArray[np.float32]
 
 @dataclass(frozen=True, slots=True)
 class SpeechRequest:
-    """One text chunk to speak. `voice` is an engine voice id (already resolved)."""
+    """One text chunk to speak. `voice` is an engine voice id (already resolved).
+
+    `should_stop`, when given, is polled between steps: an engine that can stop
+    mid-chunk (chatterbox's token loop) stops as soon as it returns True.
+    """
 
     text: str
     voice: str
@@ -22,6 +27,17 @@ class SpeechRequest:
     exaggeration: float | None = None
     cfg_weight: float | None = None
     temperature: float | None = None
+    should_stop: Callable[[], bool] | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class LibraryVoice:
+    """A voice of the voice library: its reference clip (on this host) and engine hints."""
+
+    id: str
+    clip: Path
+    espeak_voice: str | None = None
+    """The espeak-ng voice that stands in for it (espeak cannot clone a voice)."""
 
 
 class TtsEngine(Protocol):
@@ -41,8 +57,18 @@ class TtsEngine(Protocol):
         """Load the model; raise EngineUnavailable with the fix in the message if it cannot."""
 
     def voices(self) -> list[str]:
-        """The voice ids this engine accepts."""
+        """The voice ids this engine accepts by name (library voices are not listed)."""
         ...
+
+    def library_voice(self, voice: LibraryVoice) -> str:
+        """The engine voice id that speaks for a library voice. Cheap: no model work."""
+        ...
+
+    def prepare_voice(self, voice: str) -> None:
+        """Build and cache what a voice needs now (blocking); a no-op where nothing is."""
+
+    def forget_voice(self, voice: str) -> None:
+        """Drop whatever is cached for a voice (its clip was deleted)."""
 
     def synthesize(self, request: SpeechRequest) -> Iterator[AudioF32]:
         """Yield audio chunks for one request."""

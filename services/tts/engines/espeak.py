@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from services.common.errors import EngineUnavailable, UnknownVoice
-from services.tts.engines.base import AudioF32, SpeechRequest
+from services.tts.engines.base import AudioF32, LibraryVoice, SpeechRequest
 from services.tts.settings import EspeakSettings
 
 Pcm16 = npt.NDArray[np.int16]
@@ -247,6 +247,20 @@ class EspeakEngine:
         english = [language for language in lib.languages if language.startswith("en")]
         pairs = (f"{language}+{variant}" for language in english for variant in lib.variants)
         return sorted([*lib.languages, *pairs])
+
+    def library_voice(self, voice: LibraryVoice) -> str:
+        """espeak cannot clone a voice: a library voice speaks with its stored
+        `espeak_voice`, or with the default voice when it has none."""
+        chosen = voice.espeak_voice or self.default_voice
+        if not self._known(_library(), chosen):
+            raise UnknownVoice(f"voice {voice.id!r} names unknown espeak voice {chosen!r}")
+        return chosen
+
+    def prepare_voice(self, voice: str) -> None:
+        """Nothing to prepare: espeak voices are built in."""
+
+    def forget_voice(self, voice: str) -> None:
+        """Nothing cached."""
 
     def synthesize(self, request: SpeechRequest) -> Iterator[AudioF32]:
         """Check the voice now; the returned iterator streams the audio."""

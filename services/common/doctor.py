@@ -1,0 +1,137 @@
+"""`voice-agent doctor`: can this host serve? GPUs, models, Redis, ports and nginx.
+
+Each check says OK, WARN or FAIL, and what to do about anything that is not OK; the
+exit status is 1 when one FAILs. Settings are read as the services read them, from
+the environment, after the site's environment file (by default
+/etc/voice-agent/voice-agent.env, when it exists) fills in what the environment
+leaves unset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import MutableMapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from services.asr.settings import AsrSettings
+from services.common.deploy import NginxSite
+from services.common.doctor_checks import (
+    Check,
+    check_asr_model,
+    check_gpus,
+    check_nginx_config,
+    check_port,
+    check_redis,
+    check_tts_model,
+)
+from services.common.serve import load_settings
+from services.gateway.settings import GatewaySettings
+from services.tts.settings import TtsSettings
+
+DEFAULT_ENV_FILE = Path("/etc/voice-agent/voice-agent.env")
+
+
+@dataclass(frozen=True)
+class Options:
+    """What to check beyond the settings."""
+
+    gateway_ports: tuple[int, ...] = ()
+    """Gateway processes on this host (default: the settings' one port)."""
+    tls_cert: Path = NginxSite.tls_cert
+    tls_key: Path = NginxSite.tls_key
+    nginx_conf: Path | None = None
+    """A rendered nginx.conf to test instead of rendering the template."""
+    tts_venv: Path | None = None
+    """The TTS service's own environment (chatterbox lives there)."""
+
+
+def load_env_file(path: Path, environ: MutableMapping[str, str]) -> None:
+    """`KEY=value` lines (systemd EnvironmentFile style) for keys `environ` lacks."""
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")) or "=" not in line:
+            continue
+        key, _, value = line.partition("=")
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+            value = value[1:-1]
+        environ.setdefault(key.strip(), value)
+
+
+def run_checks(options: Options) -> list[Check]:
+    """Every check, in the order an operator fixes things."""
+    try:
+        asr = load_settings("asr")
+        tts = load_settings("tts")
+        gateway = load_settings("gateway")
+    except ValidationError as exc:
+        return [Check("settings", "FAIL", str(exc), "fix the VA_... variables it names")]
+    assert isinstance(asr, AsrSettings) and isinstance(tts, TtsSettings)
+    assert isinstance(gateway, GatewaySettings)
+    ports = options.gateway_ports or (gateway.gateway.server.port,)
+    site = NginxSite(
+        gateways=tuple(f"127.0.0.1:{port}" for port in ports),
+        asr=(f"127.0.0.1:{asr.asr.server.port}",),
+        tts=(f"127.0.0.1:{tts.tts.server.port}",),
+        tls_cert=options.tls_cert,
+        tls_key=options.tls_key,
+    )
+    return [
+        check_gpus(asr, tts),
+        check_asr_model(asr),
+        check_tts_model(tts, options.tts_venv),
+        check_redis(gateway.redis.url),
+        check_port("asr", asr.asr.server.host, asr.asr.server.port),
+        check_port("tts", tts.tts.server.host, tts.tts.server.port),
+        *(check_port("gateway", gateway.gateway.server.host, port) for port in ports),
+        check_nginx_config(site, options.nginx_conf),
+    ]
+
+
+def report(checks: list[Check]) -> str:
+    """The checks as aligned lines, each non-OK one followed by its fix, and a tally."""
+    lines = []
+    for check in checks:
+        lines.append(f"{check.status:<5} {check.name:<13} {check.detail}")
+        if check.fix and check.status != "OK":
+            lines.append(f"{'':<19} fix: {check.fix}")
+    tally = {status: sum(c.status == status for c in checks) for status in ("FAIL", "WARN", "OK")}
+    lines.append(", ".join(f"{n} {status}" for status, n in tally.items()))
+    return "\n".join(lines)
+
+
+def run_cli(args: argparse.Namespace) -> None:
+    """`voice-agent doctor`: print the checks; exit 1 if any FAILs."""
+    env_file = args.env_file
+    if env_file is None and DEFAULT_ENV_FILE.is_file():
+        env_file = DEFAULT_ENV_FILE
+    if env_file:
+        load_env_file(Path(env_file), os.environ)
+    ports = tuple(int(p) for p in args.gateway_ports.split(",") if p) if args.gateway_ports else ()
+    options = Options(ports, args.tls_cert, args.tls_key, args.nginx_conf, args.tts_venv)
+    checks = run_checks(options)
+    if args.json:
+        print(json.dumps([asdict(check) for check in checks], indent=2))
+    else:
+        print(report(checks))
+    if any(check.status == "FAIL" for check in checks):
+        raise SystemExit(1)
+
+
+def add_parser(sub: Any) -> None:
+    """Register `doctor` on the `voice-agent` subcommands."""
+    parser = sub.add_parser("doctor", help="check GPUs, models, Redis, ports and nginx")
+    parser.add_argument("--env-file", help=f"site settings to read (default: {DEFAULT_ENV_FILE})")
+    parser.add_argument("--gateway-ports", help="comma-separated ports of the gateway processes")
+    parser.add_argument("--tls-cert", type=Path, default=NginxSite.tls_cert)
+    parser.add_argument("--tls-key", type=Path, default=NginxSite.tls_key)
+    parser.add_argument("--nginx-conf", type=Path, help="test this nginx.conf instead")
+    parser.add_argument("--tts-venv", type=Path, help="the TTS service's Python environment")
+    parser.add_argument("--json", action="store_true", help="print the checks as JSON")
+    parser.set_defaults(func=run_cli)

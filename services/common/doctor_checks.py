@@ -1,0 +1,268 @@
+"""The checks of `voice-agent doctor` (services/common/doctor.py): each returns a `Check`.
+
+GPUs (NVML), the configured engines and their model folders, Redis, the services'
+ports, and nginx (`nginx -t` on the shipped template rendered for this host).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import shutil
+import socket
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlparse
+
+import httpx
+import redis
+
+from services.asr.settings import AsrSettings
+from services.common import gpu
+from services.common.deploy import (
+    NginxSite,
+    check_nginx,
+    nginx_binary,
+    prepare_dirs,
+    render_nginx,
+)
+from services.tts.settings import TtsSettings
+
+Status = Literal["OK", "WARN", "FAIL"]
+LITE = "pip install 'voice-agent[lite]'"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One finding: what was checked, how it went, and the fix when it is not OK."""
+
+    name: str
+    status: Status
+    detail: str
+    fix: str = ""
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB"
+
+
+def _physical(gpu_setting: int | None, device_index: int) -> int:
+    """The physical GPU a service will use, as seen from a shell without CUDA_VISIBLE_DEVICES."""
+    return device_index if gpu_setting is None else gpu_setting
+
+
+def _wanted_gpus(asr: AsrSettings, tts: TtsSettings) -> dict[str, tuple[str, int]]:
+    """service → (device setting, physical GPU) for each service set to use a GPU."""
+    wanted: dict[str, tuple[str, int]] = {}
+    if asr.asr.engine == "faster-whisper" and asr.asr.whisper.device != "cpu":
+        whisper = asr.asr.whisper
+        wanted["asr"] = (whisper.device, _physical(whisper.gpu, whisper.device_index))
+    if tts.tts.engine == "chatterbox" and tts.tts.chatterbox.device != "cpu":
+        box = tts.tts.chatterbox
+        wanted["tts"] = (box.device, _physical(box.gpu, box.device_index))
+    return wanted
+
+
+def check_gpus(asr: AsrSettings, tts: TtsSettings) -> Check:
+    """GPUs NVML sees, against the GPUs the engines are set to use."""
+    wanted = _wanted_gpus(asr, tts)
+    count = gpu.gpu_count()
+    smi = "nvidia-smi found" if shutil.which("nvidia-smi") else "no nvidia-smi"
+    if count == 0:
+        reason = gpu.gpu_report(0, env={}).get("reason", "")
+        must = sorted(s for s, (device, _) in wanted.items() if device == "cuda")
+        if must:
+            return Check(
+                "gpu",
+                "FAIL",
+                f"no GPU visible ({reason}; {smi}) but {', '.join(must)} must run on CUDA",
+                "install the NVIDIA driver until nvidia-smi lists the GPUs, or run on CPU: "
+                "VA_PROFILE=lite (embedded engines) or VA_ASR__WHISPER__DEVICE=cpu",
+            )
+        if wanted:
+            return Check("gpu", "WARN", f"no GPU ({reason}): {', '.join(wanted)} will use the CPU")
+        return Check("gpu", "OK", f"no GPU, and none needed (CPU engines; {smi})")
+    gpus = [gpu.gpu_report(i, env={}) for i in range(count)]
+    listed = ", ".join(f"{g['id']} {g['name']} ({_gib(g['memory_total'])})" for g in gpus)
+    missing = {s: p for s, (_, p) in wanted.items() if p >= count}
+    if missing:
+        names = ", ".join(f"{s} wants GPU {p}" for s, p in sorted(missing.items()))
+        return Check(
+            "gpu",
+            "FAIL",
+            f"{count} GPU(s): {listed}; {names}",
+            "set VA_ASR__WHISPER__GPU / VA_TTS__CHATTERBOX__GPU to GPUs this host has "
+            "(and CUDA_VISIBLE_DEVICES in the units: docs/deployment.md)",
+        )
+    return Check("gpu", "OK", f"{count} GPU(s): {listed}; {smi}")
+
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def check_asr_model(settings: AsrSettings) -> Check:
+    """The configured ASR engine is installed and its model folder is complete."""
+    section = settings.asr
+    if section.engine == "sphinx":
+        if _installed("pocketsphinx"):
+            return Check("model asr", "OK", "pocketsphinx (its wheel carries the model)")
+        return Check("model asr", "FAIL", "pocketsphinx missing", LITE)
+    if section.engine != "faster-whisper":
+        return Check("model asr", "FAIL", f"unknown engine {section.engine!r}", "VA_ASR__ENGINE")
+    from services.asr.engines.whisper import resolve_model_dir
+
+    folder = resolve_model_dir(section.whisper)
+    pull = f"voice-agent models pull faster-whisper-{section.whisper.model} --dir "
+    pull += str(section.whisper.models_dir)
+    if not _installed("faster_whisper"):
+        fix = "pip install 'voice-agent[faster-whisper]'"
+        return Check("model asr", "FAIL", "faster-whisper missing", fix)
+    folder = folder.absolute()
+    missing = [n for n in ("model.bin", "tokenizer.json") if not (folder / n).is_file()]
+    if not folder.is_dir() and section.whisper.allow_download:
+        return Check("model asr", "WARN", f"no model at {folder}: downloads at start-up", pull)
+    if missing:
+        return Check("model asr", "FAIL", f"{folder}: missing {', '.join(missing)}", pull)
+    return Check("model asr", "OK", f"faster-whisper model at {folder}")
+
+
+def _importable_in(venv: Path, module: str) -> bool:
+    python = venv / "bin" / "python"
+    if not python.exists():
+        return False
+    done = subprocess.run(
+        [str(python), "-c", f"import {module}"], capture_output=True, timeout=120, check=False
+    )
+    return done.returncode == 0
+
+
+def check_tts_model(settings: TtsSettings, tts_venv: Path | None = None) -> Check:
+    """The configured TTS engine is installed and its model folder is complete."""
+    section = settings.tts
+    if section.engine == "espeak":
+        if _installed("espeakng_loader"):
+            return Check("model tts", "OK", "espeak-ng (bundled by espeakng-loader)")
+        return Check("model tts", "FAIL", "espeakng-loader missing", LITE)
+    if section.engine != "chatterbox":
+        return Check("model tts", "FAIL", f"unknown engine {section.engine!r}", "VA_TTS__ENGINE")
+    from services.tts.engines.chatterbox import REQUIRED_FILES, ChatterboxEngine
+
+    folder = ChatterboxEngine(section.chatterbox).model_folder().absolute()
+    pull = f"voice-agent models pull chatterbox --dir {section.chatterbox.models_dir}"
+    missing = [n for n in REQUIRED_FILES if not (folder / n).is_file()]
+    if missing and not (section.chatterbox.allow_download and not folder.is_dir()):
+        return Check("model tts", "FAIL", f"{folder}: missing {', '.join(missing)}", pull)
+    if _installed("chatterbox"):
+        where = "here"
+    elif tts_venv is not None:
+        if not _importable_in(tts_venv, "chatterbox.tts"):
+            fix = "create the TTS environment (docs/deployment.md)"
+            return Check("model tts", "FAIL", f"chatterbox not importable in {tts_venv}", fix)
+        where = str(tts_venv)
+    else:
+        detail = f"model at {folder}; chatterbox is not installed in this environment"
+        return Check("model tts", "WARN", detail, "pass --tts-venv DIR to check the TTS one")
+    state = "downloads at start-up" if missing else f"model at {folder}"
+    return Check("model tts", "WARN" if missing else "OK", f"chatterbox ({where}); {state}")
+
+
+def _redacted(url: str) -> str:
+    parsed = urlparse(url)
+    if parsed.password is None:
+        return url
+    return parsed._replace(netloc=parsed.netloc.replace(f":{parsed.password}@", ":***@")).geturl()
+
+
+def check_redis(url: str) -> Check:
+    """Redis answers, and is new enough for the Streams commands the bus uses (6.2)."""
+    client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
+    try:
+        version = str(client.info("server")["redis_version"])
+    except redis.RedisError as exc:
+        fix = "start Redis (systemctl start redis-server) or point VA_REDIS__URL at it"
+        return Check("redis", "FAIL", f"{_redacted(url)}: {exc}", fix)
+    finally:
+        client.close()
+    if tuple(int(p) for p in version.split(".")[:2]) < (6, 2):
+        return Check("redis", "FAIL", f"Redis {version} lacks XAUTOCLAIM", "Redis >= 6.2")
+    return Check("redis", "OK", f"{_redacted(url)}: Redis {version}")
+
+
+def check_port(service: str, host: str, port: int) -> Check:
+    """The port is free, or already serves this service's /health."""
+    name = f"port {service}"
+    target = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    try:
+        socket.create_connection((target, port), timeout=1).close()
+    except OSError:
+        return Check(name, "OK", f"{target}:{port} is free")
+    try:
+        health = httpx.get(f"http://{target}:{port}/health", timeout=2).json()
+    except (httpx.HTTPError, ValueError):
+        health = {}
+    if isinstance(health, dict) and health.get("service") == service:
+        detail = f"{target}:{port} serves voice-agent {service} ({health.get('engine', '?')})"
+        return Check(name, "OK", detail)
+    setting = f"VA_{service.upper()}__SERVER__PORT"
+    fix = f"stop what listens there (ss -ltnp 'sport = :{port}') or choose another: {setting}"
+    return Check(name, "FAIL", f"{target}:{port} is taken by something else", fix)
+
+
+def _self_signed(folder: Path) -> tuple[Path, Path] | None:
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        return None
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    command = [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
+    command += ["-subj", "/CN=localhost", "-keyout", str(key), "-out", str(cert)]
+    subprocess.run(
+        command,
+        capture_output=True,
+        check=True,
+        timeout=60,
+    )
+    return cert, key
+
+
+def _with_certificate(site: NginxSite, workdir: Path) -> tuple[NginxSite, str]:
+    """The site, with a throwaway certificate if its own is missing (and a note saying so)."""
+    if site.tls_cert.is_file() and site.tls_key.is_file():
+        return site, ""
+    made = _self_signed(workdir)
+    if made is None:
+        raise FileNotFoundError(f"no certificate at {site.tls_cert}, and no openssl to stand in")
+    note = f"; but no certificate at {site.tls_cert} / {site.tls_key}"
+    return dataclasses.replace(site, tls_cert=made[0], tls_key=made[1]), note
+
+
+def check_nginx_config(site: NginxSite, conf: Path | None = None) -> Check:
+    """`nginx -t` on `conf`, or on deploy/nginx/voice-agent.conf rendered for `site`."""
+    if nginx_binary() is None:
+        fix = "apt-get install nginx; render deploy/nginx/voice-agent.conf (docs/deployment.md)"
+        return Check("nginx", "WARN", "nginx is not installed", fix)
+    with tempfile.TemporaryDirectory(prefix="va-doctor-") as tmp:
+        workdir = Path(tmp)
+        if conf is not None:
+            passed, said = check_nginx(conf, workdir)
+            if passed:
+                return Check("nginx", "OK", f"{conf} passes nginx -t")
+            return Check("nginx", "FAIL", f"{conf} fails nginx -t: {said}", f"fix {conf}")
+        try:
+            site, note = _with_certificate(site, workdir)
+        except FileNotFoundError as exc:
+            return Check("nginx", "WARN", str(exc), "pass --tls-cert/--tls-key")
+        sandboxed = site.sandboxed(workdir)
+        prepare_dirs(sandboxed)
+        rendered = workdir / "nginx.conf"
+        rendered.write_text(render_nginx(sandboxed))
+        passed, said = check_nginx(rendered, workdir)
+    if not passed:
+        return Check("nginx", "FAIL", f"the rendered template fails nginx -t: {said}", "fix it")
+    detail = f"the rendered template passes nginx -t (gateways {', '.join(site.gateways)})"
+    if note:
+        return Check("nginx", "WARN", detail + note, "pass --tls-cert/--tls-key, or put them there")
+    return Check("nginx", "OK", detail)

@@ -1,0 +1,96 @@
+"""`POST /v1/voices`, `GET /v1/voices`, `DELETE /v1/voices/{id}`: the voice library.
+
+An uploaded clip becomes a voice id usable wherever a voice is named
+(`/v1/audio/speech`, `/v1/stream/tts`, gateway sessions). Bad uploads are 400s with
+code `invalid_audio` and a message saying what is wrong; an unknown id is a 404.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Annotated, Any
+
+from fastapi import APIRouter, File, Form, UploadFile
+from fastapi.responses import JSONResponse
+
+from services.common.errors import InvalidAudio, InvalidMessage, UnknownVoice
+from services.tts.engines.base import LibraryVoice
+from services.tts.synthesizer import OPENAI_VOICES, Synthesizer
+from services.tts.voices import VoiceLibrary, decode_clip
+
+_ESPEAK_VOICE = re.compile(r"^[a-z]{2,3}(-[a-z0-9]{1,8})*(\+[A-Za-z0-9_-]{1,32})?$")
+
+
+class VoiceNotFound(UnknownVoice):
+    """DELETE of a voice id the library does not hold."""
+
+    http_status = 404
+
+
+def _name(name: str) -> str:
+    cleaned = " ".join(name.split())
+    if not 1 <= len(cleaned) <= 64:
+        raise InvalidMessage("name must be 1 to 64 characters")
+    return cleaned
+
+
+def _espeak_voice(voice: str | None) -> str | None:
+    if voice is None or voice == "":
+        return None
+    if not _ESPEAK_VOICE.match(voice):
+        raise InvalidMessage(
+            f"espeak_voice {voice!r} is not an espeak voice name like en-us+klatt2"
+        )
+    return voice
+
+
+def router(synthesizer: Synthesizer, library: VoiceLibrary) -> APIRouter:
+    """The voice-library routes of the TTS service."""
+    api = APIRouter()
+    engine = synthesizer.engine
+    limit = int(library.settings.max_upload_mb * 1024 * 1024)
+
+    @api.post("/v1/voices", status_code=201)
+    async def upload(
+        file: Annotated[UploadFile, File()],
+        name: Annotated[str, Form()],
+        espeak_voice: Annotated[str | None, Form()] = None,
+    ) -> dict[str, Any]:
+        label, stand_in = _name(name), _espeak_voice(espeak_voice)
+        data = await file.read(limit + 1)
+        if len(data) > limit:
+            raise InvalidAudio(f"the upload exceeds {limit} bytes")
+        samples, stats = await asyncio.to_thread(decode_clip, data, library.settings)
+        info = await library.add(samples, stats, label, stand_in)
+        try:  # the engine may refuse it (espeak: an unknown stand-in) or fail to prepare it
+            clip = await library.local_clip(info)
+            voice = engine.library_voice(LibraryVoice(info.id, clip, info.espeak_voice))
+            await asyncio.to_thread(engine.prepare_voice, voice)
+        except BaseException:
+            await library.delete(info.id)
+            engine.forget_voice(info.id)
+            raise
+        return {**info.public(), "engine": engine.name}
+
+    @api.get("/v1/voices")
+    async def voices() -> dict[str, Any]:
+        builtin = [{"id": v, "engine": engine.name, "source": "engine"} for v in engine.voices()]
+        stored = [
+            {**info.public(), "engine": engine.name, "source": "library"}
+            for info in await library.list()
+        ]
+        return {
+            "default": engine.default_voice,
+            "voices": builtin + stored,
+            "openai_voices": {"names": sorted(OPENAI_VOICES), "maps_to": engine.default_voice},
+        }
+
+    @api.delete("/v1/voices/{voice_id}")
+    async def delete(voice_id: str) -> JSONResponse:
+        if not await library.delete(voice_id):
+            raise VoiceNotFound(f"no voice {voice_id!r} in the library; see GET /v1/voices")
+        engine.forget_voice(voice_id)
+        return JSONResponse({"id": voice_id, "deleted": True})
+
+    return api

@@ -1,0 +1,188 @@
+"""The official `openai` Python SDK, unchanged, against both REST endpoints of the lite stack."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Iterator
+from functools import cache
+from typing import Literal
+
+import httpx
+import numpy as np
+import numpy.typing as npt
+import openai
+import pytest
+
+from services.common.audio import encode_audio, pcm16_to_float
+from tests.conftest import Stack
+from tests.e2e.wire import decode_any, encode_file, recall
+from tests.speech import speak
+
+SENTENCE = "what is the weather like in paris today"
+SHORT = "hello from the speech service"
+
+Encoder = Callable[[npt.NDArray[np.float32], int], bytes]
+Fmt = Literal["json", "text", "verbose_json", "srt", "vtt"]
+
+# (file name, sample rate, encoder, response_format): every container the service decodes,
+# at the rates real clients send, and every response format it renders.
+UPLOADS: list[tuple[str, int, Encoder, Fmt]] = [
+    ("speech.wav", 8000, lambda a, r: encode_audio(a, r, "wav"), "json"),
+    ("speech.mp3", 22050, lambda a, r: encode_audio(a, r, "mp3"), "text"),
+    ("speech.flac", 44100, lambda a, r: encode_audio(a, r, "flac"), "verbose_json"),
+    ("speech.ogg", 48000, lambda a, r: encode_audio(a, r, "opus"), "srt"),
+    ("vorbis.ogg", 44100, lambda a, r: encode_file(a, r, "ogg", "vorbis", channels=2), "vtt"),
+    ("speech.webm", 48000, lambda a, r: encode_file(a, r, "webm", "libopus"), "json"),
+]
+
+
+@pytest.fixture(scope="module")
+def asr_client(lite_stack: Stack) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(
+        base_url=f"{lite_stack.asr.http}/v1", api_key="sk-local", max_retries=0, timeout=30
+    ) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def tts_client(lite_stack: Stack) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(
+        base_url=f"{lite_stack.tts.http}/v1", api_key="sk-local", max_retries=0, timeout=30
+    ) as client:
+        yield client
+
+
+@cache
+def _speech(rate: int) -> npt.NDArray[np.float32]:
+    return speak(SENTENCE, rate)
+
+
+# ---------------------------------------------------------------- transcriptions
+
+
+@pytest.mark.parametrize(("name", "rate", "encoder", "fmt"), UPLOADS, ids=[u[0] for u in UPLOADS])
+def test_transcription_formats(
+    asr_client: openai.OpenAI, name: str, rate: int, encoder: Encoder, fmt: Fmt
+) -> None:
+    data = encoder(_speech(rate), rate)
+    result = asr_client.audio.transcriptions.create(
+        model="whisper-1",
+        file=(name, io.BytesIO(data)),
+        response_format=fmt,
+    )
+    if fmt == "json":
+        assert isinstance(result, openai.types.audio.Transcription)
+        text = result.text
+    elif fmt == "verbose_json":
+        assert isinstance(result, openai.types.audio.TranscriptionVerbose)
+        text = result.text
+        assert result.language == "en"
+        assert 2.0 <= result.duration <= 3.2, result.duration
+        assert result.segments and result.segments[0].text == text
+        assert result.segments[0].end == pytest.approx(result.duration, abs=0.01)
+    else:
+        assert isinstance(result, str)
+        text = result
+        if fmt == "srt":
+            lines = text.strip().splitlines()
+            assert lines[0] == "1"
+            assert lines[1].startswith("00:00:00,000 --> 00:00:0"), lines
+            text = " ".join(lines[2:])
+        elif fmt == "vtt":
+            lines = text.strip().splitlines()
+            assert lines[0] == "WEBVTT" and lines[1] == ""
+            assert lines[2].startswith("00:00:00.000 --> 00:00:0"), lines
+            text = " ".join(lines[3:])
+    assert recall(SENTENCE, text) >= 0.6, (name, text)
+
+
+# ---------------------------------------------------------------- speech
+
+
+def _duration_ok(samples: npt.NDArray[np.float32], rate: int, reference_s: float) -> None:
+    seconds = samples.size / rate
+    assert 1.0 <= seconds <= 5.0, seconds
+    # Encoders pad (mp3 priming, opus pre-skip), a little.
+    assert seconds == pytest.approx(reference_s, abs=0.12), (seconds, reference_s)
+    assert float(np.sqrt(np.mean(samples**2))) > 0.01  # not silence
+
+
+@pytest.fixture(scope="module")
+def reference_s(tts_client: openai.OpenAI) -> float:
+    wav = tts_client.audio.speech.create(
+        model="tts-1", voice="alloy", input=SHORT, response_format="wav"
+    ).content
+    samples, rate = decode_any(wav)
+    return samples.size / rate
+
+
+@pytest.mark.parametrize("fmt", ["wav", "flac", "mp3", "opus"])
+def test_speech_container_formats(tts_client: openai.OpenAI, fmt: str, reference_s: float) -> None:
+    response = tts_client.audio.speech.create(
+        model="tts-1",
+        voice="alloy",
+        input=SHORT,
+        response_format=fmt,  # type: ignore[arg-type]
+    )
+    samples, rate = decode_any(response.content)
+    _duration_ok(samples, rate, reference_s)
+    if fmt == "opus":
+        assert response.content[:4] == b"OggS"
+        assert response.response.headers["content-type"] == "audio/ogg"
+
+
+def test_speech_pcm_is_24k_like_openai(tts_client: openai.OpenAI, reference_s: float) -> None:
+    """OpenAI's `pcm` is headerless 24 kHz PCM16 LE: clients can only assume that rate."""
+    response = tts_client.audio.speech.create(
+        model="tts-1", voice="alloy", input=SHORT, response_format="pcm"
+    )
+    data = response.content
+    assert len(data) % 2 == 0
+    samples = pcm16_to_float(data)
+    _duration_ok(samples, 24000, reference_s)
+
+
+def test_speech_is_understood(
+    tts_client: openai.OpenAI, asr_client: openai.OpenAI, lite_stack: Stack
+) -> None:
+    """The SDK's speech, fed back to the SDK's transcription, says the words."""
+    wav = tts_client.audio.speech.create(
+        model="tts-1", voice="alloy", input=SENTENCE, response_format="wav"
+    ).content
+    text = asr_client.audio.transcriptions.create(
+        model="whisper-1", file=("reply.wav", wav), response_format="text"
+    )
+    assert recall(SENTENCE, text) >= 0.6, text
+
+
+def test_openai_voice_names_map_to_default_voice(
+    tts_client: openai.OpenAI, lite_stack: Stack
+) -> None:
+    def pcm(voice: str) -> npt.NDArray[np.float32]:
+        data = tts_client.audio.speech.create(
+            model="tts-1", voice=voice, input="one two three", response_format="pcm"
+        ).content
+        return np.frombuffer(data, "<i2").astype(np.float32)
+
+    # The klatt voices breathe a little noise, so equal voices give near-equal audio.
+    default = pcm("default")
+    assert default.size > 0
+    for voice in ("alloy", "nova", "shimmer", "Onyx"):
+        samples = pcm(voice)
+        assert samples.size == default.size, voice
+        assert np.corrcoef(samples, default)[0, 1] > 0.9, voice
+    assert pcm("en-gb").size != default.size  # a different voice is distinguishable
+    listed = httpx.get(f"{lite_stack.tts.http}/v1/voices", timeout=10).json()
+    assert listed["openai_voices"]["maps_to"] == listed["default"]
+    assert {"alloy", "echo", "nova", "shimmer"} <= set(listed["openai_voices"]["names"])
+
+
+def test_unknown_voice_is_bad_request(tts_client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        tts_client.audio.speech.create(model="tts-1", voice="no-such-voice", input="hello")
+    assert caught.value.status_code == 400
+    body = caught.value.body
+    assert isinstance(body, dict)
+    assert "unknown voice 'no-such-voice'" in body["message"]
+    assert "/v1/voices" in body["message"]
+    assert body["code"] == "invalid_message"

@@ -1,0 +1,64 @@
+"""The engine benchmarks run (smallest settings) and their GPU-only helpers hold together."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer
+
+from benchmarks import asr_batching, report, tts_stream
+from services.asr.engines.whisper import FasterWhisperEngine
+from services.asr.settings import WhisperSettings
+from tests.tiny_whisper import build_tiny_whisper
+
+
+async def test_asr_levels_compare_batched_and_single(tmp_path: Path) -> None:
+    engine = FasterWhisperEngine(
+        WhisperSettings(model=str(build_tiny_whisper(tmp_path / "m")), device="cpu")
+    )
+    engine.load()
+    args = argparse.Namespace(concurrency=[4], utterances=8, max_batch=0, repeats=1)
+    rows = await asr_batching.measure(args, engine)
+    assert [(r["mode"], r["max_batch"]) for r in rows] == [("one_at_a_time", 1), ("batched", 4)]
+    single, batched = rows
+    assert single["model_calls"] == 8
+    assert batched["model_calls"] < 8
+    assert set(asr_batching.speedups(rows)) == {"4"}
+
+
+async def test_tts_levels_report_first_audio_and_rtf() -> None:
+    args = argparse.Namespace(
+        concurrency=[1, 2], rounds=1, max_concurrent=0, chunk_ms=200, sample_rate=24000
+    )
+    engine, voice, _ = tts_stream.espeak_engine(args)
+    rows = await tts_stream.measure(engine, voice, args)
+    assert [r["syntheses"] for r in rows] == [1, 2]
+    for row in rows:
+        assert 0 < row["ttfa_p50_ms"] <= row["ttfa_p95_ms"]
+        assert 0 < row["rtf_p50"] < 1
+
+
+def test_character_tokenizer_fits_chatterbox(tmp_path: Path) -> None:
+    path = tts_stream.character_tokenizer(tmp_path / "tokenizer.json")
+    tokenizer = Tokenizer.from_file(str(path))
+    vocab = tokenizer.get_vocab()
+    assert {"[START]", "[STOP]", "[SPACE]", "[UNK]"} <= set(vocab)
+    assert max(vocab.values()) < 704  # T3's text vocabulary
+    ids = tokenizer.encode("Hello,[SPACE]world!").ids
+    assert ids[5] == vocab[","] and ids[6] == vocab["[SPACE]"] and len(ids) == 13
+
+
+def test_report_records_the_command_and_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("sys.argv", ["asr_batching.py", "--concurrency", "1"])
+    out = tmp_path / "r.json"
+    report.write(out, {"benchmark": "x", "results": []})
+    body = json.loads(out.read_text())
+    assert body["command"].endswith("--concurrency 1")
+    assert body["machine"]["cores"] >= 1 and body["machine"]["cpu"]
+    assert body["timestamp"].endswith("Z")
+    assert report.percentile([5.0, 1.0, 3.0], 50) == 3.0

@@ -1,0 +1,130 @@
+"""scripts/monitor_gpus.sh with a fake nvidia-smi, a failing one, none, and real /health."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from services.common.redis_server import free_port
+from tests.conftest import RedisProc
+from tests.ops_app import ops_app
+from tests.servers import ServerThread
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "monitor_gpus.sh"
+QUERY = (
+    "--query-gpu=index,name,temperature.gpu,utilization.gpu,utilization.memory,"
+    "memory.used,memory.total --format=csv,noheader,nounits"
+)
+TOOLS = ("bash", "env", "awk", "head", "curl", "date", "sleep", "sed")
+
+FAKE_SMI = f"""#!/bin/sh
+[ "$*" = "{QUERY}" ] || {{ echo "unexpected arguments: $*" >&2; exit 3; }}
+echo "0, NVIDIA GeForce RTX 3090, 45, 25, 20, 4096, 24576"
+echo "1, NVIDIA GeForce RTX 3090, [N/A], 35, 18, 3584, 24576"
+"""
+BROKEN_SMI = """#!/bin/sh
+echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
+echo "Make sure that the latest NVIDIA driver is installed and running."
+exit 9
+"""
+
+
+def bin_dir(folder: Path, nvidia_smi: str | None) -> Path:
+    """A PATH folder with just the tools the script uses, and maybe an nvidia-smi."""
+    folder.mkdir()
+    for tool in TOOLS:
+        found = shutil.which(tool)
+        assert found, f"{tool} is needed by the test"
+        (folder / tool).symlink_to(found)
+    (folder / "python3").symlink_to(Path(sys.executable).resolve())  # not a pyenv shim
+    if nvidia_smi is not None:
+        (folder / "nvidia-smi").write_text(nvidia_smi)
+        (folder / "nvidia-smi").chmod(0o755)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def services(redis_server: RedisProc) -> Iterator[dict[str, str]]:
+    """Real /health for ASR and one gateway; TTS is down (nothing on its port)."""
+    redis = redis_server.settings()
+    with (
+        ServerThread(ops_app("asr", redis, engine="faster-whisper")) as asr,
+        ServerThread(ops_app("gateway", redis)) as gateway,
+    ):
+        dead = f"http://127.0.0.1:{free_port()}"
+        yield {
+            "VA_MONITOR_ASR_URL": asr.http,
+            "VA_MONITOR_TTS_URL": dead,
+            "VA_MONITOR_GATEWAY_URL": f"{gateway.http} {dead}",
+        }
+
+
+def run(path: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(SCRIPT), *args],
+        env={"PATH": str(path), "HOME": os.environ.get("HOME", "/"), **env},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+def test_once_prints_the_gpu_table_and_health(tmp_path: Path, services: dict[str, str]) -> None:
+    done = run(bin_dir(tmp_path / "bin", FAKE_SMI), services, "--once")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    table = [line.split() for line in lines if line[:1].isdigit()]
+    assert table == [
+        ["0", "NVIDIA", "GeForce", "RTX", "3090", "45C", "25%", "20%", "4096", "/", "24576"],
+        ["1", "NVIDIA", "GeForce", "RTX", "3090", "[N/A]", "35%", "18%", "3584", "/", "24576"],
+    ]  # a field the GPU does not support is shown as nvidia-smi says it
+    asr = next(line for line in lines if line.startswith("asr"))
+    assert " UP " in asr and "engine=faster-whisper" in asr and "ready" in asr
+    assert "queue=0" in asr
+    assert next(line for line in lines if line.startswith("tts")).endswith("DOWN")
+    gateways = [line for line in lines if line.startswith("gateway")]
+    assert len(gateways) == 2 and " UP " in gateways[0] and gateways[1].endswith("DOWN")
+
+
+def test_no_nvidia_smi_on_path(tmp_path: Path, services: dict[str, str]) -> None:
+    done = run(bin_dir(tmp_path / "bin", None), services, "--once")
+    assert done.returncode == 0, done.stderr
+    assert "no GPUs: nvidia-smi not found" in done.stdout
+    assert any(line.startswith("asr") and " UP " in line for line in done.stdout.splitlines())
+
+
+def test_failing_nvidia_smi(tmp_path: Path, services: dict[str, str]) -> None:
+    done = run(bin_dir(tmp_path / "bin", BROKEN_SMI), services, "--once")
+    assert done.returncode == 0, done.stderr
+    assert "no GPUs: nvidia-smi failed: NVIDIA-SMI has failed because it couldn't" in done.stdout
+
+
+def test_refreshes_until_interrupted(tmp_path: Path, services: dict[str, str]) -> None:
+    path = bin_dir(tmp_path / "bin", FAKE_SMI)
+    proc = subprocess.Popen(
+        [str(SCRIPT), "--interval", "0.2"],
+        env={"PATH": str(path), **services},
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    time.sleep(1.5)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=10)
+    assert out.count("GPU  NAME") >= 2 and out.count("----") >= 2
+    assert proc.returncode == 0
+
+
+@pytest.mark.parametrize("args", [["--interval", "0"], ["--interval", "x"], ["--bogus"]])
+def test_bad_arguments(tmp_path: Path, args: list[str]) -> None:
+    done = run(bin_dir(tmp_path / "bin", None), {}, *args)
+    assert done.returncode == 2 and done.stderr
