@@ -64,7 +64,9 @@ gateway_ports=${gateway_ports//,/ }
 [[ $group =~ ^[a-z_][a-z0-9_-]*$ ]] || die "bad group name: $group"
 [[ $drain =~ ^[0-9]+$ ]] || die "--drain-timeout takes whole seconds: $drain"
 for port in $asr_port $tts_port $gateway_ports; do
-  [[ $port =~ ^[0-9]+$ ]] && [ "$port" -ge 1 ] && [ "$port" -le 65535 ] || die "bad port: $port"
+  if ! [[ $port =~ ^[0-9]+$ ]] || [ "$port" -lt 1 ] || [ "$port" -gt 65535 ]; then
+    die "bad port: $port"
+  fi
 done
 [ -n "$gateway_ports" ] || die "--gateway-ports is empty"
 for path in "$install_dir" "$venv" "$tts_venv" "$env_file" "$state_dir"; do

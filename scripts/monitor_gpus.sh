@@ -23,8 +23,10 @@ while [ $# -gt 0 ]; do
     --once) once=1; shift ;;
     --interval)
       interval=${2:-}
-      [[ $interval =~ ^[0-9]+([.][0-9]+)?$ ]] && [[ ! $interval =~ ^0+([.]0*)?$ ]] \
-        || { echo "monitor_gpus: --interval needs a positive number of seconds" >&2; exit 2; }
+      if ! [[ $interval =~ ^[0-9]+([.][0-9]+)?$ ]] || [[ $interval =~ ^0+([.]0*)?$ ]]; then
+        echo "monitor_gpus: --interval needs a positive number of seconds" >&2
+        exit 2
+      fi
       shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "monitor_gpus: unknown option: $1" >&2; usage >&2; exit 2 ;;

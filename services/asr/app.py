@@ -48,6 +48,7 @@ def create_app(settings: AsrSettings, engine: AsrEngine | None = None) -> FastAP
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await asyncio.to_thread(engine.load)
+        state.device, state.gpu_index = engine.device, cuda_index(engine.device)
         vad_holder["vad"] = await asyncio.to_thread(SileroVad)
         state.model_loaded = True
         background.start(batcher.run(), "asr-batcher")

@@ -106,6 +106,13 @@ class TurnSegmenter:
         return self._in_speech
 
     @property
+    def trailing_silence_ms(self) -> int:
+        """How long the open utterance has been silent (0 while speaking or outside speech)."""
+        if not self._in_speech or self._silence_start is None:
+            return 0
+        return (self._classified - self._silence_start) // _PER_MS
+
+    @property
     def position_ms(self) -> int:
         """How much audio the stream has heard, in ms from its start."""
         return self._tape.end // _PER_MS

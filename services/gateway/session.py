@@ -244,6 +244,8 @@ class Session:
         segmenter = self.listener.segmenter
         if not interval or utterance_id is None or not segmenter.in_speech:
             return
+        if segmenter.trailing_silence_ms > 0:
+            return  # the turn may be ending: keep the model free for the final
         if self._partial is not None and self.clock() - self._partial[1] < 2 * interval / 1000:
             return  # one in flight (a lost one expires)
         if segmenter.position_ms - self._last_partial_ms < interval:

@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, WebSocket
 
 from services.common.bus import JobStream, Keys, connect, unique_consumer_name
+from services.common.devices import cuda_index
 from services.common.lifecycle import Background
 from services.common.service import ServiceState, install_ops
 from services.common.worker import JobWorker
@@ -42,7 +43,7 @@ def create_app(settings: TtsSettings, engine: TtsEngine | None = None) -> FastAP
         engine=engine.name,
         model=engine.model,
         device=engine.device,
-        gpu_index=section.chatterbox.device_index if engine.device.startswith("cuda") else None,
+        gpu_index=cuda_index(engine.device),
         queue_depth=synthesizer.depth,
         extra=lambda: {"active_syntheses": synthesizer.active},
     )
@@ -51,6 +52,7 @@ def create_app(settings: TtsSettings, engine: TtsEngine | None = None) -> FastAP
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await asyncio.to_thread(engine.load)
+        state.device, state.gpu_index = engine.device, cuda_index(engine.device)
         state.model_loaded = True
         jobs = JobStream(
             redis, settings.redis, keys.jobs("tts"), "tts", unique_consumer_name("tts")

@@ -54,6 +54,8 @@ class Front:
     gateways: dict[str, Any]
     workdir: Path
     site: NginxSite
+    upgrades: int = 0
+    """WebSockets opened through nginx so far (each logs one 101 line when it ends)."""
 
     @property
     def https(self) -> str:
@@ -137,6 +139,7 @@ async def sessions_open(front: Front, count: int, **connect: Any) -> AsyncIterat
             ws = await stack.enter_async_context(
                 websockets.connect(f"{front.wss}/v1/stream", ssl=front.tls, **connect)
             )
+            front.upgrades += 1
             assert '"session.created"' in str(await ws.recv())
             sockets.append(ws)
         yield sockets
@@ -152,14 +155,18 @@ async def refused_status(front: Front, **connect: Any) -> int:
 
 
 async def all_closed(front: Front) -> None:
-    """Wait until both gateways have no session (nginx has then released its counts)."""
+    """Wait until no session is open and nginx has finished every WebSocket: it logs one
+    when it ends, just before it gives back the connection counts (limits, least_conn)."""
     async with asyncio.timeout(10):
-        while any(front.sessions().values()):
+        while any(front.sessions().values()) or (
+            front.log("voice-agent.access.log").count('" 101 ') < front.upgrades
+        ):
             await asyncio.sleep(0.05)
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.05)
 
 
 async def test_spoken_turn_over_wss(front: Front) -> None:
+    front.upgrades += 1
     async with StreamClient(f"{front.wss}/v1/stream", ssl=front.tls) as client:
         assert sum(front.sessions().values()) == 1
         turn = client.new_turn()
@@ -173,6 +180,7 @@ async def test_spoken_turn_over_wss(front: Front) -> None:
 
 
 async def test_sessions_spread_over_both_gateways_and_limits_refuse(front: Front) -> None:
+    await all_closed(front)
     async with sessions_open(front, PER_IP):
         counts = front.sessions()
         assert sum(counts.values()) == PER_IP
@@ -189,6 +197,7 @@ async def test_sessions_spread_over_both_gateways_and_limits_refuse(front: Front
 
 
 async def test_no_permessage_deflate_through_nginx(front: Front) -> None:
+    front.upgrades += 1
     async with websockets.connect(
         f"{front.wss}/v1/stream", ssl=front.tls, compression="deflate"
     ) as ws:
@@ -230,6 +239,8 @@ def test_rest_and_health_routes(front: Front) -> None:
 
 
 async def test_logs_carry_no_query_strings(front: Front) -> None:
+    await all_closed(front)
+    front.upgrades += 1
     async with websockets.connect(f"{front.wss}/v1/stream?session_id={SECRET}", ssl=front.tls):
         pass
     async with sessions_open(front, PER_IP):
