@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-
 import httpx
 import numpy as np
 import pytest
@@ -11,6 +9,7 @@ import pytest
 from services.common.audio import encode_audio, pcm16_to_float
 from services.common.client import StreamClient
 from tests.conftest import Stack
+from tests.e2e.wire import recall
 from tests.speech import speak
 
 # pocketsphinx's general English model recognizes these espeak-ng sentences well; the
@@ -19,21 +18,6 @@ SENTENCES = [
     "what is the weather like in paris today",
     "tell me a story about the sea",
 ]
-
-
-def words(text: str) -> list[str]:
-    return re.findall(r"[a-z']+", text.lower())
-
-
-def recall(expected: str, heard: str) -> float:
-    """Share of expected words that were heard (order-free, with multiplicity)."""
-    pool = words(heard)
-    found = 0
-    for word in words(expected):
-        if word in pool:
-            pool.remove(word)
-            found += 1
-    return found / max(1, len(words(expected)))
 
 
 @pytest.mark.parametrize("sentence", SENTENCES)
