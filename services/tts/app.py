@@ -58,7 +58,8 @@ def create_app(settings: TtsSettings, engine: TtsEngine | None = None) -> FastAP
             redis, settings.redis, keys.jobs("tts"), "tts", unique_consumer_name("tts")
         )
         handler = TtsJobHandler(synthesizer, redis, settings.redis, keys)
-        worker = JobWorker(jobs, keys, handler, section.max_concurrent + section.max_concurrent)
+        # one job waiting per synthesis slot, so a slot never idles while Redis is read
+        worker = JobWorker(jobs, keys, handler, 2 * section.max_concurrent)
         background.start(worker.run(), "tts-worker")
         log.info(
             "TTS ready: engine=%s model=%s device=%s", engine.name, engine.model, engine.device

@@ -81,7 +81,7 @@ class Synthesizer:
             return self.engine.default_voice
         if self.library is not None and is_library_id(voice):
             return voice
-        if voice in self.engine.voices():
+        if self.engine.has_voice(voice):
             return voice
         raise UnknownVoice(
             f"unknown voice {voice!r}; use 'default', an OpenAI voice name (mapped to the "

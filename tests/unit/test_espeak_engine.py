@@ -125,3 +125,16 @@ def test_speech_helper_gives_dithered_16k_audio() -> None:
     assert np.count_nonzero(audio) == audio.size  # dither: no digital silence
     assert len(to_pcm16(audio)) == 2 * audio.size
     assert speak(SENTENCE, sample_rate=24000).size == pytest.approx(audio.size * 1.5, rel=0.05)
+
+
+def test_has_voice_knows_unlisted_pairs_and_the_synthesizer_uses_it(engine: EspeakEngine) -> None:
+    from services.common.errors import UnknownVoice
+    from services.tts.synthesizer import Synthesizer
+
+    assert "de+klatt2" not in engine.voices()  # only English pairs are listed
+    assert engine.has_voice("de+klatt2") and engine.has_voice("en-us")
+    assert not engine.has_voice("xx-nope") and not engine.has_voice("en-us+nope")
+    synthesizer = Synthesizer(engine, max_concurrent=1, max_queue=1, chunk_ms=200)
+    assert synthesizer.resolve_voice("de+klatt2") == "de+klatt2"
+    with pytest.raises(UnknownVoice):
+        synthesizer.resolve_voice("en-us+nope")

@@ -57,7 +57,11 @@ class TtsEngine(Protocol):
         """Load the model; raise EngineUnavailable with the fix in the message if it cannot."""
 
     def voices(self) -> list[str]:
-        """The voice ids this engine accepts by name (library voices are not listed)."""
+        """The voice ids this engine lists by name (library voices are not listed)."""
+        ...
+
+    def has_voice(self, voice: str) -> bool:
+        """Whether the engine speaks with `voice` by name (cheap: called per request)."""
         ...
 
     def library_voice(self, voice: LibraryVoice) -> str:

@@ -170,6 +170,10 @@ class ChatterboxEngine:
             ids.update(p.stem for p in self._voices_dir.glob("*.wav") if _SAFE_NAME.match(p.stem))
         return sorted(ids)
 
+    def has_voice(self, voice: str) -> bool:
+        """`default` (built-in conditioning) or a clip in voices_dir."""
+        return voice in self.voices()
+
     def library_voice(self, voice: LibraryVoice) -> str:
         """A library voice speaks with its own clip, under its own id."""
         with self._cache:

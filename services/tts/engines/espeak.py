@@ -248,6 +248,10 @@ class EspeakEngine:
         pairs = (f"{language}+{variant}" for language in english for variant in lib.variants)
         return sorted([*lib.languages, *pairs])
 
+    def has_voice(self, voice: str) -> bool:
+        """Any `<language>` or `<language>+<variant>` espeak-ng knows, listed or not."""
+        return self._known(_library(), voice)
+
     def library_voice(self, voice: LibraryVoice) -> str:
         """espeak cannot clone a voice: a library voice speaks with its stored
         `espeak_voice`, or with the default voice when it has none."""
