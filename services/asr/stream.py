@@ -103,15 +103,14 @@ class AsrStream:
         )
 
     def _maybe_partial(self, tasks: asyncio.TaskGroup) -> None:
-        segmenter = self.listener.segmenter
-        if not (self.partials and segmenter.in_speech and self.segment_id):
+        if not (self.partials and self.segment_id):
             return
         if self._partial_task is not None and not self._partial_task.done():
             return  # at most one partial in flight
-        now_ms = segmenter.position_ms
-        if now_ms - self._last_partial_ms < self.partial_interval_ms:
+        if not self.listener.partial_due(self._last_partial_ms, self.partial_interval_ms):
             return
-        self._last_partial_ms = now_ms
+        segmenter = self.listener.segmenter
+        self._last_partial_ms = segmenter.position_ms
         audio = AsrInput(segmenter.current_audio(), self.language)
         self._partial_task = tasks.create_task(self._partial(self.segment_id, audio))
 

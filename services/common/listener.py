@@ -52,6 +52,20 @@ class Listener:
         probs = self._stream.push(samples.astype(np.float32, copy=False))
         return self.segmenter.feed(samples, probs)
 
+    def partial_due(self, last_partial_ms: int, interval_ms: int) -> bool:
+        """Whether the open utterance is due a partial transcript.
+
+        Only while the user is actually speaking: once trailing silence starts the turn
+        may be ending, and the model stays free for the final. `interval_ms` 0: never.
+        """
+        segmenter = self.segmenter
+        return (
+            interval_ms > 0
+            and segmenter.in_speech
+            and segmenter.trailing_silence_ms == 0
+            and segmenter.position_ms - last_partial_ms >= interval_ms
+        )
+
     def commit(self) -> SpeechEnd | None:
         """End the current utterance now (push-to-talk)."""
         return self.segmenter.flush()

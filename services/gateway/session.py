@@ -242,14 +242,10 @@ class Session:
         interval = self.settings.partial_interval_ms
         utterance_id = self.utterance_id
         segmenter = self.listener.segmenter
-        if not interval or utterance_id is None or not segmenter.in_speech:
+        if utterance_id is None or not self.listener.partial_due(self._last_partial_ms, interval):
             return
-        if segmenter.trailing_silence_ms > 0:
-            return  # the turn may be ending: keep the model free for the final
         if self._partial is not None and self.clock() - self._partial[1] < 2 * interval / 1000:
             return  # one in flight (a lost one expires)
-        if segmenter.position_ms - self._last_partial_ms < interval:
-            return
         self._last_partial_ms = segmenter.position_ms
         self._partial = (utterance_id, self.clock())
         job = AsrJob(
