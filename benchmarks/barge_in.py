@@ -13,14 +13,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.stack import lite_stack, machine
-from benchmarks.voice_to_voice import percentile
+from benchmarks.report import summary, write
+from benchmarks.stack import lite_stack
 from services.common.client import StreamClient
 from tests.speech import speak
 
@@ -55,33 +52,22 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=10)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    started = time.time()
     rows = []
     with lite_stack() as urls:
         url = urls["gateway"].replace("http", "ws") + "/v1/stream"
         for _ in range(args.trials):
             rows.append(asyncio.run(trial(url)))
             print(json.dumps(rows[-1]), flush=True)
-    values = [r["time_to_silence_ms"] for r in rows]
     result = {
         "benchmark": "barge_in",
         "profile": "lite (pocketsphinx + espeak-ng + silero VAD)",
-        "command": "python -m benchmarks.barge_in " + " ".join(sys.argv[1:]),
-        "machine": machine(),
-        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "settings": {"min_speech_ms": 250, "barge_in_min_ms": 300, "output_lead_ms": 200},
-        "summary": {
-            "time_to_silence_ms": {
-                "p50": statistics.median(values),
-                "p95": percentile(values, 95),
-                "max": max(values),
-            }
-        },
+        "summary": {"time_to_silence_ms": summary([r["time_to_silence_ms"] for r in rows])},
         "trials": rows,
     }
     print(json.dumps(result["summary"], indent=2))
     if args.out:
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        write(args.out, result)
 
 
 if __name__ == "__main__":

@@ -82,6 +82,16 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
+def summary(values: list[float]) -> dict[str, float]:
+    """p50, p95, min and max of a run's measurements, rounded to 0.1."""
+    return {
+        "p50": round(percentile(values, 50), 1),
+        "p95": round(percentile(values, 95), 1),
+        "min": round(min(values), 1),
+        "max": round(max(values), 1),
+    }
+
+
 def write(path: Path, body: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     stamped = {

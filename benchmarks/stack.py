@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -11,30 +10,10 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import httpx
 
 from services.common.redis_server import free_port, start_redis
-
-
-def machine() -> dict[str, Any]:
-    """What the numbers were measured on."""
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "gpu": None,
-    }
 
 
 @contextmanager

@@ -12,13 +12,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
-import sys
-import time
+import os
 from pathlib import Path
 from typing import Any
 
-from benchmarks.stack import lite_stack, machine
+from benchmarks.report import summary, write
+from benchmarks.stack import lite_stack
 from services.common.client import StreamClient
 from tests.speech import speak
 
@@ -28,12 +27,6 @@ SENTENCES = [
     "how are you doing today",
     "how is the weather today",
 ]
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
 
 
 async def run_turns(url: str, turns: int) -> list[dict[str, Any]]:
@@ -64,42 +57,31 @@ async def run_turns(url: str, turns: int) -> list[dict[str, Any]]:
     return rows
 
 
-def summarize(rows: list[dict[str, Any]], key: str) -> dict[str, float]:
-    values = [float(r[key]) for r in rows if r[key] is not None]
-    return {
-        "p50": round(statistics.median(values), 1),
-        "p95": round(percentile(values, 95), 1),
-        "min": round(min(values), 1),
-        "max": round(max(values), 1),
-    }
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    started = time.time()
     with lite_stack() as urls:
         url = urls["gateway"].replace("http", "ws") + "/v1/stream"
         rows = asyncio.run(run_turns(url, args.turns))
+    keys = ("speech_stopped_ms", "transcript_final_ms", "voice_to_voice_ms")
     result = {
         "benchmark": "voice_to_voice",
         "profile": "lite (pocketsphinx + espeak-ng + silero VAD, echo agent)",
-        "command": "python -m benchmarks.voice_to_voice " + " ".join(sys.argv[1:]),
-        "machine": machine(),
-        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        "settings": {"vad_min_silence_ms": 600, "output_lead_ms": 200},
+        "settings": {
+            "vad_min_silence_ms": 600,
+            "output_lead_ms": 200,
+            "partial_interval_ms": int(os.environ.get("VA_GATEWAY__PARTIAL_INTERVAL_MS", "600")),
+        },
         "summary": {
-            key: summarize(rows, key)
-            for key in ("speech_stopped_ms", "transcript_final_ms", "voice_to_voice_ms")
+            key: summary([float(r[key]) for r in rows if r[key] is not None]) for key in keys
         },
         "turns": rows,
     }
     print(json.dumps(result["summary"], indent=2))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        write(args.out, result)
 
 
 if __name__ == "__main__":
