@@ -11,8 +11,9 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from services.common.audio import float_to_pcm16, ms_to_samples
 from services.common.errors import (
@@ -524,8 +525,8 @@ class Session:
 
     # ------------------------------------------------------------------ tasks
 
-    def _spawn(self, coro: object, name: str) -> asyncio.Task[None]:
-        task: asyncio.Task[None] = self.tasks.create_task(coro, name=f"{self.config.id}-{name}")  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        task = self.tasks.create_task(coro, name=f"{self.config.id}-{name}")
         self._children.add(task)
         task.add_done_callback(self._children.discard)
         return task

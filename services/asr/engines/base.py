@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -44,6 +44,3 @@ class AsrEngine(Protocol):
     def transcribe_batch(self, items: Sequence[AsrInput]) -> list[Transcript]:
         """Transcribe every item; the result list is in the same order."""
         ...
-
-
-AsrEngineFactory = Callable[..., AsrEngine]

@@ -77,6 +77,3 @@ class TtsEngine(Protocol):
     def synthesize(self, request: SpeechRequest) -> Iterator[AudioF32]:
         """Yield audio chunks for one request."""
         ...
-
-
-TtsEngineFactory = Callable[..., TtsEngine]
