@@ -38,6 +38,7 @@ class SessionConfig(BaseModel):
     voice: str = "default"
     language: str | None = "en"
     agent: str = "echo"
+    instructions: str | None = None
     resumed: bool | None = None
 
 
@@ -51,6 +52,7 @@ class SessionPatch(BaseModel):
     voice: str | None = Field(default=None, min_length=1, max_length=128)
     language: str | None = Field(default=None, max_length=16)
     agent: str | None = Field(default=None, min_length=1, max_length=64)
+    instructions: str | None = Field(default=None, max_length=16_384)
 
 
 # ---------------------------------------------------------------- client → gateway

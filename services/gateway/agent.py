@@ -20,8 +20,12 @@ class Agent(Protocol):
 
     name: str
 
-    def respond(self, history: list[Turn]) -> AsyncIterator[str]:
-        """Text deltas of the reply to `history` (whose last turn is usually the user's)."""
+    def respond(self, history: list[Turn], instructions: str | None = None) -> AsyncIterator[str]:
+        """Text deltas of the reply to `history` (whose last turn is usually the user's).
+
+        `instructions` is the session's own system prompt (`session.update`), kept in
+        Redis with its history; None means the agent's configured default.
+        """
         ...
 
 
@@ -30,7 +34,9 @@ class EchoAgent:
 
     name = "echo"
 
-    async def respond(self, history: list[Turn]) -> AsyncIterator[str]:
+    async def respond(
+        self, history: list[Turn], instructions: str | None = None
+    ) -> AsyncIterator[str]:
         for turn in reversed(history):
             if turn.role == "user":
                 if turn.text.strip():

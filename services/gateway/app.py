@@ -27,15 +27,22 @@ from services.gateway.llm import OpenAiAgent
 from services.gateway.session import Session, new_id
 from services.gateway.settings import GatewaySettings
 from services.gateway.store import SessionStore
+from services.gateway.turn_end import EndOfTurn, create_policy
 
 log = logging.getLogger(__name__)
 
 
 def create_app(
-    settings: GatewaySettings, agents: dict[str, Callable[[], Agent]] | None = None
+    settings: GatewaySettings,
+    agents: dict[str, Callable[[], Agent]] | None = None,
+    end_of_turn: EndOfTurn | None = None,
 ) -> FastAPI:
-    """The gateway app. VAD loads in `lifespan`, never at import."""
+    """The gateway app. VAD loads in `lifespan`, never at import.
+
+    `agents` and `end_of_turn` replace the built-in responders and turn policy.
+    """
     section = settings.gateway
+    end_of_turn = end_of_turn or create_policy(section)
     llm_client = httpx.AsyncClient(timeout=30.0)  # each request sets its own
     agents = agents or {
         **AGENTS,
@@ -103,7 +110,17 @@ def create_app(
         metrics.SESSIONS.inc()
         try:
             async with asyncio.TaskGroup() as tasks:
-                session = Session(config, channel, bus, listener, section, tasks, agents, store)
+                session = Session(
+                    config,
+                    channel,
+                    bus,
+                    listener,
+                    section,
+                    tasks,
+                    agents,
+                    store,
+                    end_of_turn=end_of_turn,
+                )
                 session.history = history
                 sessions[config.id] = session
                 await channel.send(SessionCreated(session=config))

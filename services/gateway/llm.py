@@ -29,7 +29,7 @@ class LlmSettings(BaseModel):
     system_prompt: str = (
         "You are a helpful voice assistant. Answer briefly, in plain spoken sentences."
     )
-    """System prompt of every conversation."""
+    """System prompt of conversations that set none (`instructions` in `session.update`)."""
     temperature: float = Field(default=0.7, ge=0.0, le=2.0)
     """Sampling temperature."""
     max_tokens: int = Field(default=256, ge=1, le=8192)
@@ -51,17 +51,22 @@ class OpenAiAgent:
         self.settings = settings
         self.client = client or httpx.AsyncClient(timeout=30.0)
 
-    def messages(self, history: list[Turn]) -> list[dict[str, str]]:
+    def messages(
+        self, history: list[Turn], instructions: str | None = None
+    ) -> list[dict[str, str]]:
         """The chat messages for a conversation (agent turns hold what the user heard)."""
         recent = history[-self.settings.history_turns :] if self.settings.history_turns else []
-        chat = [{"role": "system", "content": self.settings.system_prompt}]
+        system = instructions if instructions else self.settings.system_prompt
+        chat = [{"role": "system", "content": system}]
         chat += [
             {"role": "user" if turn.role == "user" else "assistant", "content": turn.text}
             for turn in recent
         ]
         return chat
 
-    async def respond(self, history: list[Turn]) -> AsyncIterator[str]:
+    async def respond(
+        self, history: list[Turn], instructions: str | None = None
+    ) -> AsyncIterator[str]:
         settings = self.settings
         headers = {"Accept": "text/event-stream"}
         key = settings.api_key.get_secret_value()
@@ -69,7 +74,7 @@ class OpenAiAgent:
             headers["Authorization"] = f"Bearer {key}"
         body = {
             "model": settings.model,
-            "messages": self.messages(history),
+            "messages": self.messages(history, instructions),
             "stream": True,
             "temperature": settings.temperature,
             "max_tokens": settings.max_tokens,

@@ -54,3 +54,8 @@ RESPONSES = Counter("va_gateway_responses_total", "Responses ended, by status.",
 STALE_DROPPED = Counter(
     "va_gateway_stale_results_total", "Bus results dropped as stale or repeated.", ["kind"]
 )
+TURN_HOLDS = Counter(
+    "va_gateway_turn_holds_total",
+    "End-of-turn holds by outcome: the user went on (continued) or the hold ran out (expired).",
+    ["outcome"],
+)

@@ -56,6 +56,7 @@ from services.gateway.chunking import Chunker
 from services.gateway.response import ResponseAudio
 from services.gateway.settings import GatewaySection
 from services.gateway.store import SessionStore
+from services.gateway.turn_end import EndOfTurn, SilenceOnly
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,15 @@ class _Utterance:
 
 
 @dataclass
+class _Held:
+    """A user turn the end-of-turn policy is holding on: the user may go on."""
+
+    utterance_id: str
+    speech_end_at: float
+    timer: asyncio.TimerHandle | None  # None once the user spoke again
+
+
+@dataclass
 class _Response:
     id: str
     utterance_id: str | None
@@ -115,6 +125,7 @@ class Session:
         agents: dict[str, Callable[[], Agent]] = AGENTS,
         store: SessionStore | None = None,
         clock: Callable[[], float] = time.monotonic,
+        end_of_turn: EndOfTurn | None = None,
     ) -> None:
         self.config = config
         self.channel = channel
@@ -125,6 +136,7 @@ class Session:
         self.agents = agents
         self.store = store
         self.clock = clock
+        self.end_of_turn = end_of_turn or SilenceOnly(settings)
         self.history: list[Turn] = []
         self.inbox: asyncio.Queue[tuple[BusResult, bytes | None]] = asyncio.Queue(
             settings.inbox_size
@@ -136,6 +148,7 @@ class Session:
         self._barge_in_from_ms: int | None = None  # speech start while agent audio plays
         self._partial: tuple[str, float] | None = None  # (utterance, asked at) in flight
         self._last_partial_ms = 0
+        self._held: _Held | None = None
         self._children: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ inputs
@@ -215,6 +228,9 @@ class Session:
                 await self.channel.send(
                     SpeechStarted(utterance_id=self.utterance_id, audio_start_ms=event.start_ms)
                 )
+                if self._held is not None and self._held.timer is not None:
+                    self._held.timer.cancel()  # the user goes on: wait for the rest
+                    self._held.timer = None
                 if self.response is not None and self.response.sent_bytes > 0:
                     self._barge_in_from_ms = event.start_ms
             else:
@@ -230,7 +246,9 @@ class Session:
         if self.response is None:
             self._barge_in_from_ms = None
             return
-        spoken_ms = self.listener.segmenter.position_ms - self._barge_in_from_ms
+        segmenter = self.listener.segmenter
+        # speech so far: a cough followed by silence never reaches the threshold
+        spoken_ms = segmenter.position_ms - self._barge_in_from_ms - segmenter.trailing_silence_ms
         if spoken_ms >= self.settings.barge_in_min_ms:
             self._barge_in_from_ms = None
             metrics.INTERRUPTIONS.inc()
@@ -288,6 +306,7 @@ class Session:
         if self.utterances.pop(utterance_id, None) is not None:
             error = AsrUnavailable(f"no transcript for {utterance_id} in time")
             self._spawn(self.channel.send_error(error), "asr-timeout")
+            self._spawn(self._release_held(), "asr-timeout-release")
 
     async def _user_turn(self, text: str) -> None:
         self.history.append(Turn("user", text))
@@ -348,8 +367,39 @@ class Session:
             )
         )
         if result.text.strip():
-            await self._user_turn(result.text)
-            await self._start_response(result.utterance_id, utterance.speech_end_at)
+            await self._user_said(result.text, result.utterance_id, utterance.speech_end_at)
+        else:
+            await self._release_held()  # the user made a sound but said nothing more
+
+    async def _user_said(self, text: str, utterance_id: str, speech_end_at: float) -> None:
+        """A transcript ends the user's turn, unless the end-of-turn policy holds on."""
+        held = self._held
+        if held is not None and held.timer is None and self.history:
+            metrics.TURN_HOLDS.labels("continued").inc()
+            last = self.history[-1]
+            self.history[-1] = Turn("user", f"{last.text} {text}")  # one turn, two breaths
+            await self._save()
+        else:
+            if held is not None and held.timer is not None:
+                held.timer.cancel()
+            await self._user_turn(text)
+        self._held = None
+        hold_ms = await self.end_of_turn.hold_ms(list(self.history), self.history[-1].text)
+        if hold_ms <= 0:
+            await self._start_response(utterance_id, speech_end_at)
+            return
+        timer = asyncio.get_running_loop().call_later(hold_ms / 1000, self._hold_expired)
+        self._held = _Held(utterance_id, speech_end_at, timer)
+
+    def _hold_expired(self) -> None:
+        metrics.TURN_HOLDS.labels("expired").inc()
+        self._spawn(self._release_held(), "hold-expired")
+
+    async def _release_held(self) -> None:
+        """Answer the held turn now (its hold ran out, or what followed had no words)."""
+        held, self._held = self._held, None
+        if held is not None:
+            await self._start_response(held.utterance_id, held.speech_end_at)
 
     async def _on_failed(self, result: JobFailed) -> None:
         if result.utterance_id is not None:
@@ -357,6 +407,7 @@ class Session:
             if utterance is not None and utterance.timeout is not None:
                 utterance.timeout.cancel()
             await self.channel.send_error(_job_error(result, AsrUnavailable))
+            await self._release_held()
         elif result.response_id is not None and result.seq is not None:
             active = self._current(result.response_id)
             if active is not None:
@@ -373,6 +424,10 @@ class Session:
         self, utterance_id: str | None, speech_end_at: float | None, fixed_text: str | None = None
     ) -> None:
         await self._cancel_response()
+        if self._held is not None:  # a response now supersedes the held turn
+            if self._held.timer is not None:
+                self._held.timer.cancel()
+            self._held = None
         response_id = new_id("resp")
         active = _Response(response_id, utterance_id, ResponseAudio(response_id), speech_end_at)
         self.response = active
@@ -389,7 +444,7 @@ class Session:
             else:
                 agent = self.agents[self.config.agent]()
                 started: float | None = self.clock()
-                async for delta in agent.respond(list(self.history)):
+                async for delta in agent.respond(list(self.history), self.config.instructions):
                     if started is not None:
                         metrics.AGENT_FIRST_TOKEN.observe(self.clock() - started)
                         started = None
@@ -532,6 +587,8 @@ class Session:
         return task
 
     async def _stop(self) -> None:
+        if self._held is not None and self._held.timer is not None:
+            self._held.timer.cancel()
         for utterance in self.utterances.values():
             if utterance.timeout is not None:
                 utterance.timeout.cancel()

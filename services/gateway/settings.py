@@ -36,6 +36,11 @@ class GatewaySection(BaseModel):
     """The first text chunk sent to TTS is cut at a clause once it has this many words."""
     partial_interval_ms: int = Field(default=600, ge=0, le=10_000)
     """While the user speaks, a partial transcript is asked for this often (0: never)."""
+    end_of_turn: str = Field(default="silence", min_length=1, max_length=200)
+    """End-of-turn policy after VAD silence: `silence` (answer at once), `heuristic` (hold on
+    after a trailing "and", "um", "the"...), or `package.module:factory` for your own model."""
+    end_of_turn_hold_ms: int = Field(default=700, ge=0, le=10_000)
+    """How long the `heuristic` policy waits for the user to go on."""
     barge_in_min_ms: int = Field(default=300, ge=0, le=5000)
     """User speech must last this long during agent audio to interrupt it (a cough does not)."""
     resume_window_s: int = Field(default=300, ge=10, le=86_400)

@@ -77,6 +77,12 @@ async def test_streams_deltas_and_sends_history(llm_server: ServerThread) -> Non
     assert sent["stream"] is True and sent["model"] == "m"
     assert [m["role"] for m in sent["messages"]] == ["system", "user", "assistant", "user"]
     assert sent["messages"][-1]["content"] == "weather?"
+    assert sent["messages"][0]["content"] == LlmSettings().system_prompt  # the default
+
+
+def test_session_instructions_replace_the_default_prompt() -> None:
+    chat = OpenAiAgent(LlmSettings()).messages([Turn("user", "hi")], "Be terse.")
+    assert chat == [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "hi"}]
 
 
 async def test_slow_but_steady_is_fine(llm_server: ServerThread) -> None:
@@ -106,8 +112,12 @@ async def test_gateway_with_llm_agent(llm_server: ServerThread, lite_stack: Stac
     settings.llm.base_url = f"{llm_server.http}/ok/v1"
     with ServerThread(create_app(settings)) as gateway:
         async with StreamClient(f"{gateway.ws}/v1/stream") as client:
-            await client.send({"type": "session.update", "session": {"agent": "openai"}})
-            await client.wait_for("session.updated")
+            pirate = "You are a pirate. Answer in one sentence."
+            await client.send(
+                {"type": "session.update", "session": {"agent": "openai", "instructions": pirate}}
+            )
+            updated = await client.wait_for("session.updated")
+            assert updated["session"]["instructions"] == pirate
             turn = client.new_turn()
             await client.send({"type": "conversation.text", "text": "how is the weather?"})
             done = await client.wait_for("response.done", 20)
@@ -118,6 +128,8 @@ async def test_gateway_with_llm_agent(llm_server: ServerThread, lite_stack: Stac
             assert len(turn.audio) > 0
             deltas = "".join(e["delta"] for e in turn.of_type("response.text.delta"))
             assert deltas == "".join(REPLY)
+            sent = llm_server.server.config.app.state.requests[-1]["messages"]
+            assert sent[0] == {"role": "system", "content": pirate}  # the session's own prompt
 
         settings.llm.base_url = f"{llm_server.http}/error/v1"
         async with StreamClient(f"{gateway.ws}/v1/stream") as client:

@@ -17,7 +17,11 @@ async def test_resume_after_gateway_restart(lite_stack: Stack) -> None:
             await client.send(
                 {
                     "type": "session.update",
-                    "session": {"output_sample_rate": 16000, "voice": "default"},
+                    "session": {
+                        "output_sample_rate": 16000,
+                        "voice": "default",
+                        "instructions": "Speak like a lighthouse keeper.",
+                    },
                 }
             )
             await client.wait_for("session.updated")
@@ -31,6 +35,7 @@ async def test_resume_after_gateway_restart(lite_stack: Stack) -> None:
             assert client.session["id"] == session_id
             assert client.session["resumed"] is True
             assert client.session["output_sample_rate"] == 16000
+            assert client.session["instructions"] == "Speak like a lighthouse keeper."
             history = second_app.state.sessions[session_id].history
             assert [(t.role, t.text) for t in history] == [
                 ("user", "Remember the blue door."),

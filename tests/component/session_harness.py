@@ -1,0 +1,282 @@
+"""A gateway session with fake engines, a fake bus and a fake socket, on virtual time.
+
+The session under test is the real `Session` with the real `Listener`, segmenter,
+chunker and response ordering. Around it:
+- `EnergyVad`: speech probability 1 for loud windows, 0 for quiet ones (scripted VAD);
+- `FakeBus`: instant in-process "engines" that answer ASR and TTS jobs after set delays
+  and stop a cancelled response between chunks, as the real workers do;
+- `FakeSocket`: what the real `Channel` reads from and writes to, with timestamps.
+Tests run under `@pytest.mark.looptime`: sleeps and timeouts take no wall time, and
+every timestamp is exact event-loop time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import numpy as np
+from starlette.websockets import WebSocketState
+
+from services.common.audio import pcm16_to_float
+from services.common.events import SessionConfig
+from services.common.jobs import AsrJob, AsrResult, BusResult, TtsChunk, TtsDone, TtsJob
+from services.common.listener import Listener
+from services.common.vad import SileroVad, VadSettings
+from services.common.ws import Channel, Disconnected
+from services.gateway.agent import AGENTS, Agent
+from services.gateway.bus import GatewayBus
+from services.gateway.session import Session
+from services.gateway.settings import GatewaySection
+from services.gateway.turn_end import EndOfTurn
+
+RATE = 16000
+WINDOW = 512
+
+
+class _EnergyStream:
+    def __init__(self) -> None:
+        self._pending = np.zeros(0, dtype=np.float32)
+
+    def push(self, samples: np.ndarray) -> np.ndarray:
+        self._pending = np.concatenate([self._pending, samples])
+        k = len(self._pending) // WINDOW
+        windows = self._pending[: k * WINDOW].reshape(k, WINDOW)
+        self._pending = self._pending[k * WINDOW :]
+        loud = np.sqrt((windows**2).mean(axis=1)) > 0.01
+        return loud.astype(np.float32)
+
+
+class EnergyVad:
+    """Stands in for Silero: loud windows are speech."""
+
+    def new_stream(self) -> _EnergyStream:
+        return _EnergyStream()
+
+
+def tone(ms: int, rate: int = RATE) -> bytes:
+    """Loud enough to be speech to `EnergyVad`."""
+    t = np.arange(ms * rate // 1000) / rate
+    return (np.sin(2 * np.pi * 220 * t) * 8000).astype(np.int16).tobytes()
+
+
+def silence(ms: int, rate: int = RATE) -> bytes:
+    return bytes(2 * (ms * rate // 1000))
+
+
+class FakeSocket:
+    """The WebSocket side the real Channel talks to; records what the session sends."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.incoming: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.events: list[tuple[float, dict[str, Any]]] = []
+        self.audio: list[tuple[float, bytes]] = []
+        self.application_state = WebSocketState.CONNECTED
+        self.closed_with: tuple[int, str] | None = None
+        self.changed = asyncio.Event()
+
+    async def receive(self) -> dict[str, Any]:
+        return await self.incoming.get()
+
+    async def send_text(self, text: str) -> None:
+        self.events.append((self.loop.time(), json.loads(text)))
+        self.changed.set()
+
+    async def send_bytes(self, data: bytes) -> None:
+        self.audio.append((self.loop.time(), data))
+        self.changed.set()
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        self.closed_with = (code, reason)
+        self.application_state = WebSocketState.DISCONNECTED
+
+
+@dataclass
+class FakeBus:
+    """In-process ASR and TTS "engines" behind the GatewayBus interface."""
+
+    loop: asyncio.AbstractEventLoop
+    transcripts: list[str] = field(default_factory=list)
+    """Texts of the next final transcripts, in order ("" once they run out)."""
+    asr_delay_s: float = 0.2
+    tts_first_s: float = 0.05
+    tts_chunk_s: float = 0.02
+    """Between pieces: TTS runs faster than real time, as it must."""
+    tts_ms_per_word: int = 400
+    tts_piece_ms: int = 200
+    answer_asr: bool = True
+    answer_partials: bool = True
+    reply_to: str = "va:results:test"
+    deliver: Callable[[BusResult, bytes | None], None] = lambda result, audio: None
+    asr_jobs: list[tuple[float, AsrJob, bytes]] = field(default_factory=list)
+    tts_jobs: list[tuple[float, TtsJob]] = field(default_factory=list)
+    cancelled: list[tuple[float, str]] = field(default_factory=list)
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    async def submit_asr(self, job: AsrJob, pcm16: bytes) -> None:
+        self.asr_jobs.append((self.loop.time(), job, pcm16))
+        if job.mode == "partial" and self.answer_partials:
+            text = f"partial {len(pcm16) // 32} ms"
+            self.loop.call_later(self.asr_delay_s, self._asr_result, job, text)
+        elif job.mode == "final" and self.answer_asr:
+            text = self.transcripts.pop(0) if self.transcripts else ""
+            self.loop.call_later(self.asr_delay_s, self._asr_result, job, text)
+
+    def _asr_result(self, job: AsrJob, text: str) -> None:
+        result = AsrResult(
+            job_id=job.job_id,
+            session_id=job.session_id,
+            utterance_id=job.utterance_id,
+            mode=job.mode,
+            text=text,
+        )
+        self.deliver(result, None)
+
+    async def submit_tts(self, job: TtsJob) -> None:
+        self.tts_jobs.append((self.loop.time(), job))
+        task = self.loop.create_task(self._synthesize(job))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _synthesize(self, job: TtsJob) -> None:
+        total_ms = self.tts_ms_per_word * max(1, len(job.text.split()))
+        pieces = -(-total_ms // self.tts_piece_ms)
+        await asyncio.sleep(self.tts_first_s)
+        for index in range(pieces):
+            if self.is_cancelled(job.response_id):
+                break  # the worker stops between chunks
+            pcm = tone(self.tts_piece_ms, job.sample_rate)
+            self.deliver(self.chunk(job, index), pcm)
+            await asyncio.sleep(self.tts_chunk_s)
+        else:
+            self.deliver(self.done(job, pieces), None)
+            return
+        self.deliver(self.done(job, index, "cancelled"), None)
+
+    @staticmethod
+    def chunk(job: TtsJob, index: int) -> TtsChunk:
+        return TtsChunk(
+            job_id=job.job_id,
+            session_id=job.session_id,
+            response_id=job.response_id,
+            seq=job.seq,
+            index=index,
+            sample_rate=job.sample_rate,
+        )
+
+    @staticmethod
+    def done(job: TtsJob, chunks: int, status: str = "completed") -> TtsDone:
+        return TtsDone(
+            job_id=job.job_id,
+            session_id=job.session_id,
+            response_id=job.response_id,
+            seq=job.seq,
+            chunks=chunks,
+            audio_ms=chunks * 200,
+            status=status,  # type: ignore[arg-type]
+        )
+
+    def is_cancelled(self, response_id: str) -> bool:
+        return any(r == response_id for _, r in self.cancelled)
+
+    async def cancel(self, response_id: str) -> None:
+        self.cancelled.append((self.loop.time(), response_id))
+
+
+class Harness:
+    """Drives one session: the user's side (audio, messages) and what came back."""
+
+    def __init__(self, session: Session, socket: FakeSocket, bus: FakeBus) -> None:
+        self.session = session
+        self.socket = socket
+        self.bus = bus
+        self.loop = bus.loop
+
+    async def say(self, *parts: bytes, frame_ms: int = 20) -> float:
+        """Stream audio at real-time pace; returns the time its last frame went out."""
+        pcm = b"".join(parts)
+        step = 2 * RATE * frame_ms // 1000
+        for start in range(0, len(pcm), step):
+            await self.socket.incoming.put(
+                {"type": "websocket.receive", "bytes": pcm[start : start + step]}
+            )
+            await asyncio.sleep(frame_ms / 1000)
+        return self.loop.time()
+
+    async def send(self, message: dict[str, Any]) -> None:
+        await self.socket.incoming.put({"type": "websocket.receive", "text": json.dumps(message)})
+        await asyncio.sleep(0)
+
+    def of_type(self, kind: str) -> list[dict[str, Any]]:
+        return [e for _, e in self.socket.events if e.get("type") == kind]
+
+    def time_of(self, kind: str, nth: int = 0) -> float:
+        return [t for t, e in self.socket.events if e.get("type") == kind][nth]
+
+    async def wait_for(self, kind: str, count: int = 1, timeout_s: float = 60.0) -> dict[str, Any]:
+        """Until `count` events of `kind` were sent (virtual time)."""
+        async with asyncio.timeout(timeout_s):
+            while len(self.of_type(kind)) < count:
+                self.socket.changed.clear()
+                await self.socket.changed.wait()
+        return self.of_type(kind)[count - 1]
+
+    def audio_bytes(self, since: float = 0.0, until: float = float("inf")) -> int:
+        return sum(len(a) for t, a in self.socket.audio if since <= t <= until)
+
+
+@asynccontextmanager
+async def running_session(
+    settings: GatewaySection | None = None,
+    vad: VadSettings | None = None,
+    agents: dict[str, Callable[[], Agent]] = AGENTS,
+    end_of_turn: EndOfTurn | None = None,
+    **bus_options: Any,
+) -> AsyncIterator[Harness]:
+    """A session serving a fake socket; the user hangs up at the end."""
+    loop = asyncio.get_running_loop()
+    settings = settings or GatewaySection()
+    socket = FakeSocket(loop)
+    bus = FakeBus(loop, **bus_options)
+    listener = Listener(cast(SileroVad, EnergyVad()), vad or VadSettings(), 16000)
+    config = SessionConfig(id="sess_test", output_sample_rate=16000)
+    async with asyncio.TaskGroup() as tasks:
+        session = Session(
+            config,
+            Channel(socket, "gateway", 1 << 20),  # type: ignore[arg-type]
+            cast(GatewayBus, bus),
+            listener,
+            settings,
+            tasks,
+            agents,
+            clock=loop.time,
+            end_of_turn=end_of_turn,
+        )
+        bus.deliver = session.deliver
+
+        async def serve() -> None:
+            with contextlib.suppress(Disconnected):
+                await session.serve()
+
+        server = tasks.create_task(serve())
+        try:
+            yield Harness(session, socket, bus)
+        finally:
+            await socket.incoming.put({"type": "websocket.disconnect"})
+            await server
+            for task in list(bus._tasks):
+                task.cancel()
+
+
+def pcm_ms(pcm: bytes, rate: int = 16000) -> float:
+    return len(pcm) / 2 / rate * 1000
+
+
+def loud(pcm: bytes) -> bool:
+    return bool(np.abs(pcm16_to_float(pcm)).max() > 0.05)

@@ -1,0 +1,260 @@
+"""The session state machine, driven by scripted audio and fake engines on virtual time.
+
+No sleeps: under `looptime` the loop's clock jumps to the next timer, so a 15 s ASR
+timeout takes no wall time and every timestamp below is exact.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator
+
+import pytest
+
+from services.common.errors import AgentFailed
+from services.common.vad import VadSettings
+from services.gateway import metrics
+from services.gateway.agent import Turn
+from services.gateway.settings import GatewaySection
+from services.gateway.turn_end import TrailingWordHeuristic
+from tests.component.session_harness import Harness, pcm_ms, running_session, silence, tone
+
+pytestmark = pytest.mark.looptime
+
+MIN_SILENCE_S = VadSettings().min_silence_ms / 1000
+WINDOW_S = 512 / 16000
+
+
+def history(h: Harness) -> list[tuple[str, str]]:
+    return [(turn.role, turn.text) for turn in h.session.history]
+
+
+async def test_one_turn_end_to_end() -> None:
+    async with running_session(transcripts=["hello there"]) as h:
+        speech_end = await h.say(silence(300), tone(1000))
+        await h.say(silence(1000))
+        done = await h.wait_for("response.done")
+    kinds = [e["type"] for _, e in h.socket.events]
+    assert kinds == [
+        "speech.started",
+        "transcript.partial",
+        "speech.stopped",
+        "transcript.final",
+        "response.created",
+        "response.text.delta",
+        "response.audio.done",
+        "response.done",
+    ]
+    assert done["status"] == "completed" and done["text"] == "hello there"
+    # end of turn: the configured silence after the speech, to a VAD window
+    stopped = h.time_of("speech.stopped")
+    assert stopped - speech_end == pytest.approx(MIN_SILENCE_S, abs=2 * WINDOW_S)
+    # one final job with the utterance (speech plus pre-roll and pad), sent at once
+    finals = [(t, job, pcm) for t, job, pcm in h.bus.asr_jobs if job.mode == "final"]
+    assert len(finals) == 1 and finals[0][0] == pytest.approx(stopped)
+    assert 1000 <= pcm_ms(finals[0][2]) <= 1450
+    assert h.time_of("transcript.final") == pytest.approx(stopped + h.bus.asr_delay_s)
+    # 2 words x 400 ms of audio, all of it, paced at real time minus the 200 ms lead
+    first, last = h.socket.audio[0][0], h.socket.audio[-1][0]
+    assert first == pytest.approx(h.time_of("transcript.final") + h.bus.tts_first_s, abs=0.01)
+    assert h.audio_bytes() == 2 * 16000 * 800 // 1000
+    assert last - first == pytest.approx(0.8 - 0.2 - 0.04, abs=0.03)
+    assert history(h) == [("user", "hello there"), ("agent", "hello there")]
+
+
+async def test_a_repeated_final_is_dropped() -> None:
+    async with running_session(transcripts=["hello there"]) as h:
+        await h.say(silence(200), tone(600), silence(900))
+        await h.wait_for("response.done")
+        _, job, _ = next(j for j in h.bus.asr_jobs if j[1].mode == "final")
+        h.bus._asr_result(job, "hello there")  # a reclaimed job's second answer
+        await h.say(silence(500))
+    assert len(h.of_type("transcript.final")) == 1
+    assert len(h.of_type("response.created")) == 1
+
+
+async def test_partials_are_periodic_and_never_in_trailing_silence() -> None:
+    async with running_session(transcripts=["a b"]) as h:
+        speech_end = await h.say(silence(200), tone(2600))
+        await h.say(silence(1000))
+        await h.wait_for("response.done")
+    asked = [t for t, job, _ in h.bus.asr_jobs if job.mode == "partial"]
+    assert len(asked) == 4  # every 600 ms of speech
+    assert all(b - a == pytest.approx(0.6, abs=2 * WINDOW_S) for a, b in itertools.pairwise(asked))
+    assert all(t <= speech_end + WINDOW_S for t in asked)
+    assert len(h.of_type("transcript.partial")) == 4
+    final_at = h.time_of("transcript.final")
+    assert all(t < final_at for t, e in h.socket.events if e["type"] == "transcript.partial")
+
+
+async def test_at_most_one_partial_in_flight() -> None:
+    async with running_session(transcripts=["a b"], answer_partials=False) as h:
+        await h.say(silence(200), tone(3000), silence(900))
+        await h.wait_for("transcript.final")
+    asked = [t for t, job, _ in h.bus.asr_jobs if job.mode == "partial"]
+    # unanswered, the next one waits until the last one expires (2 x 600 ms)
+    assert len(asked) == 3  # at 0.6, 1.8 and 3.0 s of speech
+    assert all(b - a >= 1.2 for a, b in itertools.pairwise(asked))
+    assert h.of_type("transcript.partial") == []
+
+
+async def test_a_late_partial_is_not_sent_after_the_final() -> None:
+    async with running_session(transcripts=["a b"], asr_delay_s=0.9) as h:
+        await h.say(silence(200), tone(700), silence(1500))
+        await h.wait_for("response.done")
+    # the partial asked at 600 ms answered after speech.stopped: dropped
+    assert len([j for j in h.bus.asr_jobs if j[1].mode == "partial"]) == 1
+    assert h.of_type("transcript.partial") == []
+
+
+async def barge_in(h: Harness, after_audio_s: float, interruption: bytes) -> float:
+    await h.say(silence(200), tone(700), silence(700))
+    await h.wait_for("response.created")
+    while not h.socket.audio:
+        await h.say(silence(20))
+    await h.say(silence(int(after_audio_s * 1000)))
+    return await h.say(interruption)
+
+
+async def test_barge_in_cancels_end_to_end() -> None:
+    before = metrics.INTERRUPTIONS._value.get()
+    story = "once upon a time there was a very long story"  # 10 words: 4 s of audio
+    async with running_session(transcripts=[story, "stop"]) as h:
+        await barge_in(h, 1.0, tone(700))
+        await h.say(silence(900))
+        await h.wait_for("response.done", 2)
+        response_id = h.of_type("response.created")[0]["response_id"]
+        cleared = h.time_of("output_audio.clear")
+        # whatever the TTS workers still send for it is dropped
+        job = h.bus.tts_jobs[0][1]
+        h.session.deliver(h.bus.chunk(job, 99), tone(200))
+        await h.say(silence(500))
+    started = h.time_of("speech.started", 1)
+    # cancelled once the user has spoken barge_in_min_ms (300 ms) over the agent
+    assert next(r for _, r in h.bus.cancelled) == response_id
+    cancel_at = h.bus.cancelled[0][0]
+    assert cancel_at - started <= 0.3 - 0.25 + 2 * WINDOW_S  # speech.started comes at 250 ms
+    assert cleared == pytest.approx(cancel_at)
+    late = [t for t, _ in h.socket.audio if cleared < t < h.time_of("response.created", 1)]
+    assert late == []  # not one stale frame after the clear
+    time_to_silence = max(t for t, _ in h.socket.audio if t <= cleared) - started
+    assert time_to_silence < 0.15
+    done = h.of_type("response.done")[0]
+    assert done["status"] == "cancelled" and done["response_id"] == response_id
+    # heard: what played at the client (sent minus its 200 ms buffer), ~1 s of 4 s
+    heard = done["text"]
+    assert story.startswith(heard) and 1 <= len(heard.split()) <= 4
+    assert metrics.INTERRUPTIONS._value.get() == before + 1
+    assert history(h)[:3] == [("user", story), ("agent", heard), ("user", "stop")]
+    assert h.of_type("response.done")[1]["status"] == "completed"
+
+
+async def test_a_cough_does_not_interrupt() -> None:
+    before = metrics.FALSE_INTERRUPTIONS._value.get()
+    story = "once upon a time there was a story"  # 8 words: 3.2 s of audio
+    guard = GatewaySection(barge_in_min_ms=500)
+    async with running_session(guard, transcripts=[story, ""]) as h:
+        await barge_in(h, 0.5, tone(320))  # long enough to be speech, too short to interrupt
+        await h.say(silence(900))
+        done = await h.wait_for("response.done")
+    assert h.bus.cancelled == [] and h.of_type("output_audio.clear") == []
+    assert done["status"] == "completed" and done["text"] == story
+    assert h.audio_bytes() == 2 * 16000 * 3200 // 1000
+    assert metrics.FALSE_INTERRUPTIONS._value.get() == before + 1
+
+
+async def test_speech_without_agent_audio_cancels_nothing() -> None:
+    async with running_session(transcripts=["one", "two"], tts_first_s=5.0) as h:
+        await h.say(silence(200), tone(600), silence(900))
+        await h.wait_for("response.created")
+        await h.say(tone(600), silence(900))  # speaks again before any audio played
+        await h.wait_for("response.created", 2)
+    first = h.of_type("response.done")[0]
+    # the new turn's response replaces the silent one: cancelled with nothing heard
+    assert first["status"] == "cancelled" and first["text"] == ""
+    assert h.of_type("output_audio.clear") == []
+
+
+async def test_end_of_turn_hold_joins_a_paused_sentence() -> None:
+    policy = TrailingWordHeuristic(GatewaySection(end_of_turn_hold_ms=700))
+    async with running_session(end_of_turn=policy, transcripts=["go to the", "station"]) as h:
+        await h.say(silence(200), tone(800), silence(800))
+        await h.wait_for("transcript.final")
+        await h.say(silence(300), tone(600), silence(900))  # goes on inside the hold
+        await h.wait_for("response.done")
+    assert len(h.of_type("transcript.final")) == 2
+    assert len(h.of_type("response.created")) == 1
+    assert h.of_type("response.done")[0]["text"] == "go to the station"
+    assert history(h) == [("user", "go to the station"), ("agent", "go to the station")]
+
+
+async def test_end_of_turn_hold_runs_out() -> None:
+    policy = TrailingWordHeuristic(GatewaySection(end_of_turn_hold_ms=700))
+    async with running_session(end_of_turn=policy, transcripts=["bread and"]) as h:
+        await h.say(silence(200), tone(600), silence(800))
+        await h.wait_for("response.created")
+    held = h.time_of("response.created") - h.time_of("transcript.final")
+    assert held == pytest.approx(0.7)
+
+
+async def test_no_hold_after_a_complete_sentence() -> None:
+    policy = TrailingWordHeuristic(GatewaySection(end_of_turn_hold_ms=700))
+    async with running_session(end_of_turn=policy, transcripts=["bread please"]) as h:
+        await h.say(silence(200), tone(600), silence(800))
+        await h.wait_for("response.created")
+    assert h.time_of("response.created") == pytest.approx(h.time_of("transcript.final"))
+
+
+class FailingAgent:
+    name = "failing"
+
+    async def respond(
+        self, history: list[Turn], instructions: str | None = None
+    ) -> AsyncIterator[str]:
+        yield "Let me"
+        raise AgentFailed("the LLM timed out")
+
+
+async def test_agent_failure_costs_one_error_and_the_session_goes_on() -> None:
+    agents = {"echo": FailingAgent}
+    async with running_session(agents=agents, transcripts=["hi"]) as h:  # type: ignore[arg-type]
+        await h.say(silence(200), tone(600), silence(900))
+        done = await h.wait_for("response.done")
+        await h.send({"type": "response.create", "text": "Still here."})
+        second = await h.wait_for("response.done", 2)
+    error = h.of_type("error")[0]
+    assert error["code"] == "agent_failed" and error["fatal"] is False
+    assert done["status"] == "completed" and done["text"] == "Let me"  # what was said is kept
+    assert second["status"] == "completed" and second["text"] == "Still here."
+
+
+async def test_asr_timeout_is_reported_and_a_late_transcript_dropped() -> None:
+    async with running_session(answer_asr=False) as h:
+        await h.say(silence(200), tone(600), silence(900))
+        error = await h.wait_for("error")
+        stopped = h.time_of("speech.stopped")
+        _, job, _ = next(j for j in h.bus.asr_jobs if j[1].mode == "final")
+        h.bus._asr_result(job, "too late")
+        await h.say(silence(200))
+    assert error["code"] == "asr_unavailable"
+    assert h.time_of("error") - stopped == pytest.approx(GatewaySection().asr_timeout_s)
+    assert h.of_type("transcript.final") == [] and h.of_type("response.created") == []
+
+
+async def test_tts_silence_fails_the_response_in_time() -> None:
+    async with running_session(transcripts=["hi"], tts_first_s=100.0) as h:
+        await h.say(silence(200), tone(600), silence(900))
+        done = await h.wait_for("response.done")
+    assert h.of_type("error")[0]["code"] == "tts_unavailable"
+    assert done["status"] == "failed"
+    waited = h.time_of("response.done") - h.time_of("response.created")
+    assert waited == pytest.approx(GatewaySection().tts_timeout_s, abs=0.05)
+
+
+async def test_thirty_seconds_of_speech_is_split() -> None:
+    async with running_session(transcripts=["first", "second"], tts_ms_per_word=40) as h:
+        await h.say(silence(200), tone(31_000), silence(900), frame_ms=100)
+        await h.wait_for("transcript.final", 2)
+    finals = [pcm for _, job, pcm in h.bus.asr_jobs if job.mode == "final"]
+    assert len(finals) == 2 and pcm_ms(finals[0]) == pytest.approx(30_000, abs=40)
+    assert len(h.of_type("transcript.final")) == 2
