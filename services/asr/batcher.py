@@ -3,26 +3,36 @@
 Redis jobs, `/v1/stream/asr` segments and REST uploads all call `transcribe`.
 Whenever the model is free the batcher takes everything waiting (finals first,
 partials only into the slots left, up to `max_batch`) and runs one model call in
-its own worker thread. Partials never delay a final.
+its own worker thread. Partials never delay a final: a batch of partials alone runs
+interruptibly where the engine can (`InterruptibleEngine`), and a final arriving
+meanwhile stops it; its partials go back to the head of their queue.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal
 
-from services.asr.engines.base import AsrEngine, AsrInput, Transcript
+from services.asr.engines.base import (
+    AsrEngine,
+    AsrInput,
+    Interrupted,
+    InterruptibleEngine,
+    Transcript,
+)
 from services.asr.metrics import (
     ASR_AUDIO_SECONDS,
     ASR_BATCH_SIZE,
     ASR_DROPPED,
     ASR_INFERENCE,
     ASR_LATENCY,
+    ASR_PREEMPTED,
 )
 from services.common.errors import CapacityError
 
@@ -53,6 +63,8 @@ class Batcher:
         self._full = asyncio.Event()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="asr-model")
         self.batches_run = 0
+        self.preempted = 0
+        self._stop_partials: threading.Event | None = None  # set while partials alone run
 
     def depth(self) -> int:
         """Utterances waiting for the model."""
@@ -65,6 +77,8 @@ class Batcher:
             raise CapacityError(f"ASR queue is full ({self.max_queue} waiting)", retry_after_s=1)
         waiting = _Waiting(item, mode, asyncio.get_running_loop().create_future())
         (self._finals if mode == "final" else self._partials).append(waiting)
+        if mode == "final" and self._stop_partials is not None:
+            self._stop_partials.set()
         self._wakeup.set()
         if self.depth() >= self.max_batch:
             self._full.set()
@@ -101,11 +115,26 @@ class Batcher:
     async def _run_batch(self, batch: list[_Waiting]) -> None:
         loop = asyncio.get_running_loop()
         inputs = [w.item for w in batch]
+        engine = self.engine
         started = time.perf_counter()
         try:
-            results = await loop.run_in_executor(
-                self._executor, self.engine.transcribe_batch, inputs
-            )
+            if isinstance(engine, InterruptibleEngine) and all(w.mode == "partial" for w in batch):
+                self._stop_partials = stop = threading.Event()
+                try:
+                    results = await loop.run_in_executor(
+                        self._executor, engine.transcribe_batch_until, inputs, stop
+                    )
+                finally:
+                    self._stop_partials = None
+            else:
+                results = await loop.run_in_executor(
+                    self._executor, engine.transcribe_batch, inputs
+                )
+        except Interrupted:
+            self.preempted += 1
+            ASR_PREEMPTED.inc(len(batch))
+            self._partials.extendleft(reversed(batch))  # first in line once finals ran
+            return
         except Exception as exc:
             for waiting in batch:
                 if not waiting.future.done():

@@ -21,6 +21,10 @@ ASR_BATCH_SIZE = Histogram(
     buckets=(1, 2, 4, 8, 16, 32, 64, 128),
 )
 ASR_AUDIO_SECONDS = Counter("va_asr_audio_seconds_total", "Seconds of audio transcribed.")
+ASR_PREEMPTED = Counter(
+    "va_asr_partials_preempted_total",
+    "Partial transcripts interrupted so a final could run at once (they run again after).",
+)
 ASR_DROPPED = Counter(
     "va_asr_dropped_total", "Utterances refused or dropped, by reason.", ["reason"]
 )

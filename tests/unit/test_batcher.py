@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from services.asr.batcher import Batcher, Mode
-from services.asr.engines.base import AsrInput, Transcript
+from services.asr.engines.base import AsrInput, Interrupted, Transcript
 from services.asr.engines.whisper import FasterWhisperEngine
 from services.asr.settings import WhisperSettings
 from services.common.errors import CapacityError
@@ -148,6 +148,53 @@ async def test_partials_never_take_a_final_slot(running: list[asyncio.Task[None]
     engine.release.set()
     await asyncio.gather(first, *partials, *finals)
     assert engine.batches == [["f0"], ["f1", "f2"], ["f3", "p0"], ["p1", "p2"], ["p3"]]
+
+
+class InterruptibleFake(FakeEngine):
+    """Partial batches run until released or stopped, as pocketsphinx's sliced decode does;
+    other batches run at once."""
+
+    def transcribe_batch(self, items: Sequence[AsrInput]) -> list[Transcript]:
+        labels = [item.language or "" for item in items]
+        self.batches.append(labels)
+        return [Transcript(text=f"text of {label}", language=label) for label in labels]
+
+    def transcribe_batch_until(
+        self, items: Sequence[AsrInput], stop: threading.Event
+    ) -> list[Transcript]:
+        labels = [item.language or "" for item in items]
+        self.batches.append(["until", *labels])
+        self.started.set()
+        while not self.release.wait(0.005):
+            if stop.is_set():
+                raise Interrupted
+        return [Transcript(text=f"text of {label}", language=label) for label in labels]
+
+
+async def test_a_final_interrupts_a_batch_of_partials(running: list[asyncio.Task[None]]) -> None:
+    engine = InterruptibleFake(hold_first=True)
+    batcher = Batcher(engine, max_batch=4, max_queue=100)
+    start(batcher, running)
+    partials = [submit(batcher, f"p{i}", "partial") for i in range(2)]
+    await busy(engine)
+    final = submit(batcher, "f0")
+    assert (await asyncio.wait_for(final, 5)).language == "f0"
+    # the interrupted partials are not lost: they fill the final's free slots
+    assert [(await p).language for p in partials] == ["p0", "p1"]
+    assert engine.batches == [["until", "p0", "p1"], ["f0", "p0", "p1"]]
+    assert batcher.preempted == 1
+
+
+async def test_batches_with_a_final_are_never_interruptible(
+    running: list[asyncio.Task[None]],
+) -> None:
+    engine = InterruptibleFake()
+    batcher = Batcher(engine, max_batch=4, max_queue=100)
+    both = [submit(batcher, "f0"), submit(batcher, "p0", "partial")]
+    await settle(batcher, 2)
+    start(batcher, running)
+    await asyncio.gather(*both)
+    assert engine.batches == [["f0", "p0"]]
 
 
 async def test_max_wait_lets_a_batch_fill(running: list[asyncio.Task[None]]) -> None:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -30,6 +31,10 @@ class Transcript:
     segments: list[dict[str, float | str]] = field(default_factory=list)
 
 
+class Interrupted(Exception):
+    """An interruptible call gave up because its `stop` event was set."""
+
+
 class AsrEngine(Protocol):
     """A speech recognizer. `load` and `transcribe_batch` block: call them off the event loop."""
 
@@ -43,4 +48,15 @@ class AsrEngine(Protocol):
 
     def transcribe_batch(self, items: Sequence[AsrInput]) -> list[Transcript]:
         """Transcribe every item; the result list is in the same order."""
+        ...
+
+
+@runtime_checkable
+class InterruptibleEngine(AsrEngine, Protocol):
+    """An engine that can abandon a call part-way (so a final never waits for a partial)."""
+
+    def transcribe_batch_until(
+        self, items: Sequence[AsrInput], stop: threading.Event
+    ) -> list[Transcript]:
+        """As `transcribe_batch`, but raise Interrupted soon after `stop` is set."""
         ...

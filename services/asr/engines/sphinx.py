@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from services.asr.engines.base import AsrInput, Transcript
+from services.asr.engines.base import AsrInput, Interrupted, Transcript
 from services.asr.settings import SphinxSettings
 from services.common.audio import float_to_pcm16
 from services.common.errors import EngineUnavailable
@@ -59,15 +59,37 @@ class SphinxEngine:
         with self._lock:
             return [self._transcribe(item) for item in items]
 
-    def _transcribe(self, item: AsrInput) -> Transcript:
+    def transcribe_batch_until(
+        self, items: Sequence[AsrInput], stop: threading.Event
+    ) -> list[Transcript]:
+        """Decode in 100 ms slices, giving up (Interrupted) within one slice of `stop`.
+
+        Sliced decoding normalizes features on the fly instead of over the whole
+        utterance, so it is for partial transcripts; finals use `transcribe_batch`.
+        """
+        if self._decoder is None:
+            raise EngineUnavailable("the pocketsphinx model is not loaded")
+        with self._lock:
+            return [self._transcribe(item, stop) for item in items]
+
+    def _transcribe(self, item: AsrInput, stop: threading.Event | None = None) -> Transcript:
         duration = item.audio.size / self.sample_rate
         if item.audio.size < self.sample_rate // 10:
             return Transcript(text="", language="en", duration_s=duration)
         decoder = self._decoder
         pad = np.zeros(self.sample_rate // 4, dtype=np.float32)  # room for its endpointing
         audio = np.concatenate([pad, item.audio.astype(np.float32), pad])
+        pcm = float_to_pcm16(audio)
         decoder.start_utt()
-        decoder.process_raw(float_to_pcm16(audio), False, True)
+        if stop is None:
+            decoder.process_raw(pcm, False, True)  # whole utterance: batch normalization
+        else:
+            step = 2 * self.sample_rate // 10
+            for start in range(0, len(pcm), step):
+                if stop.is_set():
+                    decoder.end_utt()
+                    raise Interrupted
+                decoder.process_raw(pcm[start : start + step], False, False)
         decoder.end_utt()
         hyp = decoder.hyp()
         text = hyp.hypstr.strip() if hyp is not None else ""

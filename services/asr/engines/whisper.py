@@ -38,7 +38,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from services.asr.engines.base import AsrInput, AudioF32, Transcript
+from services.asr.engines.base import AsrInput, AudioF32, Interrupted, Transcript
 from services.asr.settings import WhisperSettings
 from services.common.devices import VISIBLE, pin_gpu
 from services.common.errors import EngineUnavailable, InvalidAudio
@@ -159,6 +159,18 @@ class FasterWhisperEngine:
             ) from exc
 
     def transcribe_batch(self, items: Sequence[AsrInput]) -> list[Transcript]:
+        return self._transcribe_batch(items, None)
+
+    def transcribe_batch_until(
+        self, items: Sequence[AsrInput], stop: threading.Event
+    ) -> list[Transcript]:
+        """As `transcribe_batch`, giving up (Interrupted) before encoding or generating
+        once `stop` is set: one encode is the longest a final waits for partials."""
+        return self._transcribe_batch(items, stop)
+
+    def _transcribe_batch(
+        self, items: Sequence[AsrInput], stop: threading.Event | None
+    ) -> list[Transcript]:
         if self._whisper is None:
             raise EngineUnavailable("the faster-whisper model is not loaded")
         results: list[Transcript] = []
@@ -172,19 +184,25 @@ class FasterWhisperEngine:
                 batch.append(_Utterance(index, duration, self._features(audio), language))
         if batch:
             with self._lock:
-                decoded = self._run(batch)
+                decoded = self._run(batch, stop)
             for utterance, (text, language) in zip(batch, decoded, strict=True):
                 results[utterance.index] = Transcript(
                     text=text, language=language, duration_s=utterance.duration_s
                 )
         return results
 
-    def _run(self, batch: list[_Utterance]) -> list[tuple[str, str]]:
+    def _run(
+        self, batch: list[_Utterance], stop: threading.Event | None = None
+    ) -> list[tuple[str, str]]:
         import ctranslate2
 
         model = self._whisper.model
         features = np.ascontiguousarray(np.stack([u.features for u in batch]))
+        if stop is not None and stop.is_set():
+            raise Interrupted
         encoded = model.encode(ctranslate2.StorageView.from_array(features))
+        if stop is not None and stop.is_set():
+            raise Interrupted
         languages = self._languages(encoded, [u.language for u in batch])
         limits = [max_new_tokens(u.duration_s) for u in batch]
         results = model.generate(
