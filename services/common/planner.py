@@ -459,8 +459,10 @@ def asr_estimate(bench: AsrBatching, pace: Figure, options: PlanOptions) -> Figu
         "floor(utterances/s ÷ (turns per session-minute ÷ 60 × ASR calls per turn)) = "
         f"floor({fmt(rate.value)} ÷ ({fmt(pace.value)} ÷ 60 × {fmt(calls.value)})); "
         f"best row: {row.mode}, concurrency {row.concurrency}, max_batch {row.max_batch}{p95}; "
-        f"{bench.model} on {bench.device}. Whisper pads every utterance to 30 s, so its cost "
-        "is per utterance, not per second of speech. Throughput only: latency not checked"
+        f"{bench.model} on {bench.device}. Per ASR device. Whisper pads each utterance to a "
+        "30 s window, so the encoder costs the same for any utterance up to 30 s: the cost "
+        "is counted per utterance, not per second of speech. Throughput only: latency not "
+        "checked"
     )
     return _derived(sessions, "sessions", formula, [rate, pace, calls], estimate=True)
 
@@ -488,7 +490,7 @@ def tts_estimate(bench: TtsStream, pace: Figure, options: PlanOptions) -> Figure
         "floor(audio s/s ÷ (reply s per turn × turns per session-minute ÷ 60)) = "
         f"floor({fmt(rate.value)} ÷ ({fmt(reply.value)} × {fmt(pace.value)} ÷ 60)); "
         f"best row: concurrency {row.concurrency}; {bench.engine} on {bench.device}. "
-        "Throughput only: time to first audio not checked"
+        "Per TTS device. Throughput only: time to first audio not checked"
     )
     return _derived(sessions, "sessions", formula, [rate, reply, pace], estimate=True)
 
@@ -525,20 +527,30 @@ def engine_benches(
         kind = _device_kind(tts_health.device)
         tts = [b for b in tts if b.engine == tts_health.engine and b.device == kind]
     if not asr:
-        engine = asr_health.engine if asr_health is not None and asr_health.engine else ""
-        missing.append(
-            f"no ASR engine benchmark{' for ' + engine if engine else ''} on this machine "
-            "(benchmarks/asr_batching.py measures faster-whisper): no ASR throughput estimate"
-        )
+        missing.append(_no_engine_benchmark("ASR", asr_health))
     if not tts:
-        engine = tts_health.engine if tts_health is not None and tts_health.engine else ""
-        missing.append(
-            f"no TTS engine benchmark{' for ' + engine if engine else ''} on this machine: run "
-            f"python -m benchmarks.tts_stream --engine {engine or 'espeak|chatterbox'} --out ..."
-        )
+        missing.append(_no_engine_benchmark("TTS", tts_health))
     newest_asr = max(asr, key=lambda b: b.timestamp) if asr else None
     newest_tts = max(tts, key=lambda b: b.timestamp) if tts else None
     return newest_asr, newest_tts, notes
+
+
+def _no_engine_benchmark(name: str, health: EngineHealth | None) -> str:
+    engine = health.engine if health is not None and health.engine else None
+    device = _device_kind(health.device if health is not None else None) or "cuda"
+    if name == "ASR" and engine not in (None, "faster-whisper"):
+        return (
+            f"no ASR engine benchmark for {engine} (benchmarks/asr_batching.py measures "
+            "faster-whisper only): no ASR throughput estimate"
+        )
+    run = (
+        f"python -m benchmarks.asr_batching --device {device} --out ..."
+        if name == "ASR"
+        else f"python -m benchmarks.tts_stream --engine {engine or 'espeak|chatterbox'} --out ..."
+    )
+    return (
+        f"no {name} engine benchmark{' for ' + engine if engine else ''} on this machine: run {run}"
+    )
 
 
 def estimates(
@@ -551,11 +563,22 @@ def estimates(
         found["asr"] = asr_estimate(asr, pace, options)
     if tts is not None:
         found["tts"] = tts_estimate(tts, pace, options)
-    if found:
-        parts = [f"{name.upper()} {fmt(f.value)}" for name, f in found.items()]
-        smallest = min(found.values(), key=lambda f: f.value)
-        formula = f"min({', '.join(parts)}); the gateway's CPU is not in this estimate"
-        found["engines"] = _derived(smallest.value, "sessions", formula, found.values())
+    if not found:
+        return found
+    parts = [f"{name.upper()} {fmt(f.value)}" for name, f in found.items()]
+    if len(found) == 2:
+        formula = (
+            f"min({', '.join(parts)}): one ASR and one TTS device, as the dual-gpu layout; "
+            "the gateway's CPU is not in this estimate"
+        )
+    else:
+        unmeasured = "TTS" if "asr" in found else "ASR"
+        formula = (
+            f"{parts[0]} alone: {unmeasured} not measured on this machine, so an upper bound; "
+            "the gateway's CPU is not in this estimate"
+        )
+    smallest = min(found.values(), key=lambda f: f.value)
+    found["engines"] = _derived(smallest.value, "sessions", formula, found.values())
     return found
 
 
@@ -903,6 +926,11 @@ def _setup(
         if options.target_sessions is not None:
             latency = latency_at(test, options.target_sessions, missing)
     pace = _pace(options, own_pace, fallback_pace)
+    if pace is not None and pace is fallback_pace:
+        notes.append(
+            f"turns per session-minute taken from {pace.sources[0].path}: the loadtest's "
+            "workload, not this machine's; set --turns-per-minute for your users"
+        )
     if pace is None:
         missing.append("turns per session-minute: no loadtest pace; give --turns-per-minute")
     asr, tts, bench_notes = engine_benches(test, others, missing)
@@ -916,7 +944,7 @@ def _setup(
             bases.append(("measured, rescaled to --turns-per-minute", rescaled))
     if "engines" in found:
         bases.append(("engine throughput", found["engines"]))
-    if options.target_sessions is None:
+    if options.target_sessions is None and test is not None:
         missing.append("latency at the target: give --target-sessions")
     references = [reference_latency(m) for m in others if isinstance(m, VoiceToVoice | BargeIn)]
     profile = _profile(test) if test is not None else "engine benchmarks only"
@@ -1040,6 +1068,10 @@ def _compress(fields: Sequence[str]) -> list[str]:
     ]
 
 
+def _cell(text: str, marks: str) -> str:
+    return f"{text} {marks}" if marks else text
+
+
 def _value(figure: Figure | None, unit: str = "") -> str:
     if figure is None:
         return "—"
@@ -1091,8 +1123,8 @@ def render_markdown(plan: Plan) -> str:
         engines = setup.estimates.get("engines")
         out.append(
             f"| {number} | {setup.machine} | {setup.profile} | "
-            f"{_value(setup.measured_sessions)} {cite(setup.measured_sessions)} | "
-            f"{_value(engines)} {cite(engines)} | {needed} |"
+            f"{_cell(_value(setup.measured_sessions), cite(setup.measured_sessions))} | "
+            f"{_cell(_value(engines), cite(engines))} | {needed} |"
         )
     for number, setup in enumerate(plan.setups, 1):
         out += ["", *_setup_markdown(number, setup, o, cite)]
