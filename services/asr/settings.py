@@ -55,15 +55,26 @@ class WhisperSettings(BaseModel):
     """Download the model from the Hub at start-up if missing (off: fail with the fix)."""
 
 
+class FakeAsrSettings(BaseModel):
+    """The `fake` engine: a fixed transcript at a known cost, to measure what the rest adds."""
+
+    text: str = Field(default="hello there", max_length=1000)
+    """What every utterance is heard as."""
+    latency_ms: float = Field(default=0.0, ge=0.0, le=60_000.0)
+    """Time one batched call takes, whatever its size (0: instant)."""
+
+
 class AsrSection(BaseModel):
     """The ASR service proper."""
 
     engine: str = "sphinx"
-    """Engine name: `sphinx` or `faster-whisper`."""
+    """Engine name: `sphinx`, `faster-whisper` or `fake`."""
     sphinx: SphinxSettings = SphinxSettings()
     """pocketsphinx settings."""
     whisper: WhisperSettings = WhisperSettings()
     """faster-whisper settings."""
+    fake: FakeAsrSettings = FakeAsrSettings()
+    """Settings of the `fake` engine (no model: a fixed transcript)."""
     server: ServerSettings = ServerSettings(port=8001)
     """Where the service listens."""
     max_batch: int = Field(default=16, ge=1, le=256)
@@ -90,7 +101,10 @@ class AsrSettings(BaseServiceSettings):
 
     @model_validator(mode="after")
     def _apply_profile(self) -> AsrSettings:
-        """`dual-gpu`: faster-whisper on CUDA, physical GPU 0, unless set explicitly."""
+        """`dual-gpu`: faster-whisper on CUDA, physical GPU 0; `fake`: the fake engine;
+        each unless set explicitly."""
+        if self.profile == "fake":
+            self.asr = with_defaults(self.asr, {"engine": "fake"})
         if self.profile != "dual-gpu":
             return self
         asr = with_defaults(self.asr, {"engine": "faster-whisper"})

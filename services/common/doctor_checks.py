@@ -111,6 +111,8 @@ def check_asr_model(settings: AsrSettings) -> Check:
         if _installed("pocketsphinx"):
             return Check("model asr", "OK", "pocketsphinx (its wheel carries the model)")
         return Check("model asr", "FAIL", "pocketsphinx missing", LITE)
+    if section.engine == "fake":
+        return Check("model asr", "OK", "the fake engine (no model)")
     if section.engine != "faster-whisper":
         return Check("model asr", "FAIL", f"unknown engine {section.engine!r}", "VA_ASR__ENGINE")
     from services.asr.engines.whisper import resolve_model_dir
@@ -147,6 +149,8 @@ def check_tts_model(settings: TtsSettings, tts_venv: Path | None = None) -> Chec
         if _installed("espeakng_loader"):
             return Check("model tts", "OK", "espeak-ng (bundled by espeakng-loader)")
         return Check("model tts", "FAIL", "espeakng-loader missing", LITE)
+    if section.engine == "fake":
+        return Check("model tts", "OK", "the fake engine (no model)")
     if section.engine != "chatterbox":
         return Check("model tts", "FAIL", f"unknown engine {section.engine!r}", "VA_TTS__ENGINE")
     from services.tts.engines.chatterbox import REQUIRED_FILES, ChatterboxEngine

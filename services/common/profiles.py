@@ -1,9 +1,10 @@
 """Deployment profiles: one setting (`VA_PROFILE`) that changes several defaults at once.
 
 A profile only fills in what the operator left unset: a field given explicitly (by
-the environment or by code) always wins. `lite` changes nothing; `dual-gpu` is
-applied by each service's settings (ASR: faster-whisper on physical GPU 0; TTS:
-chatterbox on physical GPU 1).
+the environment or by code) always wins. `lite` changes nothing; the others are
+applied by each service's settings: `dual-gpu` (ASR: faster-whisper on physical GPU 0;
+TTS: chatterbox on physical GPU 1) and `fake` (both services' instant fake engines, so
+a load test measures what the gateway and Redis add).
 """
 
 from __future__ import annotations

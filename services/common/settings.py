@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-Profile = Literal["lite", "dual-gpu"]
+Profile = Literal["lite", "dual-gpu", "fake"]
 ALLOWED_SAMPLE_RATES = (8000, 16000, 24000, 48000)
 
 
@@ -59,7 +59,8 @@ class BaseServiceSettings(BaseSettings):
     )
 
     profile: Profile = "lite"
-    """`lite` (embedded CPU engines) or `dual-gpu` (faster-whisper GPU 0, chatterbox GPU 1)."""
+    """`lite` (embedded CPU engines), `dual-gpu` (faster-whisper GPU 0, chatterbox GPU 1) or
+    `fake` (instant fake ASR and TTS, to measure what the gateway and Redis add)."""
     redis: RedisSettings = RedisSettings()
     """The Redis bus."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"

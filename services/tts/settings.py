@@ -27,6 +27,21 @@ class EspeakSettings(BaseModel):
     """Speaking rate at speed 1.0."""
 
 
+class FakeTtsSettings(BaseModel):
+    """The `fake` engine: an instant quiet tone as long as the text would take to say."""
+
+    ms_per_word: float = Field(default=300.0, ge=1.0, le=10_000.0)
+    """Audio per word of text at speed 1.0 (300 ms: 200 words per minute)."""
+    sample_rate: int = Field(default=24000, ge=8000, le=48000)
+    """Rate the engine makes audio at (the service resamples to the rate asked for)."""
+    tone_hz: float = Field(default=440.0, ge=20.0, le=4000.0)
+    """Frequency of the tone."""
+    level_dbfs: float = Field(default=-30.0, ge=-80.0, le=-3.0)
+    """Peak level of the tone (quiet, but not silence: clients can tell audio came)."""
+    first_chunk_latency_ms: float = Field(default=0.0, ge=0.0, le=60_000.0)
+    """Wait before the first chunk of every request (0: instant)."""
+
+
 class ChatterboxSettings(BaseModel):
     """chatterbox-tts, streamed: speech tokens in chunks, each vocoded with left context."""
 
@@ -115,11 +130,13 @@ class TtsSection(BaseModel):
     """The TTS service proper."""
 
     engine: str = "espeak"
-    """Engine name: `espeak` or `chatterbox`."""
+    """Engine name: `espeak`, `chatterbox` or `fake`."""
     espeak: EspeakSettings = EspeakSettings()
     """espeak-ng settings."""
     chatterbox: ChatterboxSettings = ChatterboxSettings()
     """chatterbox settings."""
+    fake: FakeTtsSettings = FakeTtsSettings()
+    """Settings of the `fake` engine (no model: a tone)."""
     voices: VoiceLibrarySettings = VoiceLibrarySettings()
     """The voice library."""
     server: ServerSettings = ServerSettings(port=8002)
@@ -142,7 +159,10 @@ class TtsSettings(BaseServiceSettings):
 
     @model_validator(mode="after")
     def _apply_profile(self) -> TtsSettings:
-        """`dual-gpu`: chatterbox on CUDA, physical GPU 1, unless set explicitly."""
+        """`dual-gpu`: chatterbox on CUDA, physical GPU 1; `fake`: the fake engine;
+        each unless set explicitly."""
+        if self.profile == "fake":
+            self.tts = with_defaults(self.tts, {"engine": "fake"})
         if self.profile != "dual-gpu":
             return self
         tts = with_defaults(self.tts, {"engine": "chatterbox"})

@@ -20,9 +20,16 @@ def _faster_whisper(section: AsrSection) -> AsrEngine:
     return FasterWhisperEngine(section.whisper)
 
 
+def _fake(section: AsrSection) -> AsrEngine:
+    from services.asr.engines.fake import FakeAsrEngine
+
+    return FakeAsrEngine(section.fake)
+
+
 ENGINES: dict[str, Callable[[AsrSection], AsrEngine]] = {
     "sphinx": _sphinx,
     "faster-whisper": _faster_whisper,
+    "fake": _fake,
 }
 
 

@@ -20,9 +20,16 @@ def _chatterbox(section: TtsSection) -> TtsEngine:
     return ChatterboxEngine(section.chatterbox)
 
 
+def _fake(section: TtsSection) -> TtsEngine:
+    from services.tts.engines.fake import FakeTtsEngine
+
+    return FakeTtsEngine(section.fake, chunk_ms=section.chunk_ms)
+
+
 ENGINES: dict[str, Callable[[TtsSection], TtsEngine]] = {
     "espeak": _espeak,
     "chatterbox": _chatterbox,
+    "fake": _fake,
 }
 
 

@@ -1,0 +1,208 @@
+"""The `fake` engines and the `fake` profile: instant ASR and TTS of known shape and cost."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from services.asr.engines import create_engine as create_asr_engine
+from services.asr.engines.base import AsrEngine, AsrInput
+from services.asr.engines.fake import FakeAsrEngine
+from services.asr.settings import AsrSection, AsrSettings, FakeAsrSettings
+from services.common.errors import UnknownVoice
+from services.tts.engines import create_engine as create_tts_engine
+from services.tts.engines.base import AudioF32, LibraryVoice, SpeechRequest, TtsEngine
+from services.tts.engines.fake import FakeTtsEngine
+from services.tts.settings import FakeTtsSettings, TtsSection, TtsSettings
+from services.tts.synthesizer import Synthesizer
+
+THREE_WORDS = "one two three"
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("VA_"):
+            monkeypatch.delenv(name)
+
+
+def utterance(seconds: float, language: str | None = None) -> AsrInput:
+    return AsrInput(np.zeros(round(16000 * seconds), np.float32), language)
+
+
+def tts(chunk_ms: int = 200, **settings: float) -> FakeTtsEngine:
+    return FakeTtsEngine(FakeTtsSettings(**settings), chunk_ms=chunk_ms)
+
+
+def chunks(engine: FakeTtsEngine, text: str, speed: float = 1.0) -> list[AudioF32]:
+    return list(engine.synthesize(SpeechRequest(text=text, voice="fake", speed=speed)))
+
+
+# ASR
+
+
+def test_asr_hears_hello_there_by_default() -> None:
+    engine: AsrEngine = create_asr_engine(AsrSection(engine="fake"))
+    engine.load()
+    assert (engine.name, engine.sample_rate, engine.device) == ("fake", 16000, "cpu")
+    [heard] = engine.transcribe_batch([utterance(1.5)])
+    assert (heard.text, heard.language, heard.duration_s) == ("hello there", "en", 1.5)
+
+
+def test_asr_text_is_configurable_and_the_language_passes_through() -> None:
+    engine = FakeAsrEngine(FakeAsrSettings(text="turn the lights on"))
+    heard = engine.transcribe_batch([utterance(0.5, "de"), utterance(0.2)])
+    assert [(t.text, t.language) for t in heard] == [
+        ("turn the lights on", "de"),
+        ("turn the lights on", "en"),
+    ]
+
+
+def test_asr_latency_is_paid_once_per_batch() -> None:
+    engine = FakeAsrEngine(FakeAsrSettings(latency_ms=80))
+    started = time.perf_counter()
+    heard = engine.transcribe_batch([utterance(1.0) for _ in range(5)])
+    elapsed = time.perf_counter() - started
+    assert len(heard) == 5 and engine.calls == 1
+    assert 0.08 <= elapsed < 0.3  # one batch's cost, not five
+
+
+def test_asr_without_latency_is_instant() -> None:
+    engine = FakeAsrEngine(FakeAsrSettings())
+    started = time.perf_counter()
+    engine.transcribe_batch([utterance(1.0) for _ in range(16)])
+    assert time.perf_counter() - started < 0.05
+
+
+# TTS
+
+
+def test_tts_describes_itself_and_speaks_any_voice() -> None:
+    engine: TtsEngine = create_tts_engine(TtsSection(engine="fake"))
+    engine.load()
+    assert (engine.name, engine.sample_rate, engine.default_voice) == ("fake", 24000, "fake")
+    assert engine.voices() == ["fake"]
+    assert engine.has_voice("fake") and engine.has_voice("en-us+klatt2")
+    assert not engine.has_voice("")
+
+
+def test_tts_audio_lasts_ms_per_word() -> None:
+    audio = np.concatenate(chunks(tts(), THREE_WORDS))
+    assert audio.size == 3 * 300 * 24  # 900 ms at 24 kHz
+    slow = np.concatenate(chunks(tts(ms_per_word=500), "one two three four"))
+    assert slow.size == 4 * 500 * 24
+    fast = np.concatenate(chunks(tts(), THREE_WORDS, speed=2.0))
+    assert fast.size == audio.size // 2
+
+
+def test_tts_is_a_quiet_tone_not_silence() -> None:
+    audio = np.concatenate(chunks(tts(level_dbfs=-30), "a few words of speech"))
+    peak = float(np.abs(audio).max())
+    assert peak == pytest.approx(10 ** (-30 / 20), rel=0.01)
+    assert float(np.sqrt(np.mean(audio**2))) > 0.5 * peak / np.sqrt(2)  # sound all along
+    assert abs(audio[0]) < 0.01 * peak and abs(audio[-1]) < 0.01 * peak  # faded ends
+    spectrum = np.abs(np.fft.rfft(audio))
+    assert np.argmax(spectrum) * 24000 / audio.size == pytest.approx(440, abs=2)
+
+
+def test_tts_chunks_have_the_chunk_size_and_join_seamlessly() -> None:
+    parts = chunks(tts(chunk_ms=100), THREE_WORDS)
+    assert [p.size for p in parts] == [2400] * 9
+    whole = np.concatenate(chunks(tts(chunk_ms=5000), THREE_WORDS))
+    assert np.array_equal(np.concatenate(parts), whole)
+    odd = chunks(tts(chunk_ms=200), "one two")  # 600 ms: 200 + 200 + 200
+    assert [p.size for p in odd] == [4800] * 3
+    assert [p.size for p in chunks(tts(chunk_ms=250), "one two")] == [6000, 6000, 2400]
+
+
+def test_tts_empty_text_is_no_audio() -> None:
+    assert chunks(tts(), "") == [] and chunks(tts(), "   ") == []
+
+
+def test_tts_stops_between_chunks_when_asked() -> None:
+    asked = 0
+
+    def should_stop() -> bool:
+        nonlocal asked
+        asked += 1
+        return asked > 2
+
+    request = SpeechRequest(text="a long answer " * 10, voice="fake", should_stop=should_stop)
+    assert len(list(tts().synthesize(request))) == 2
+
+
+def test_tts_first_chunk_latency() -> None:
+    engine = tts(first_chunk_latency_ms=60)
+    stream = engine.synthesize(SpeechRequest(text=THREE_WORDS, voice="fake"))
+    started = time.perf_counter()
+    next(iter(stream))
+    first = time.perf_counter() - started
+    rest_started = time.perf_counter()
+    list(stream)
+    assert first >= 0.06 and time.perf_counter() - rest_started < 0.05
+
+
+@pytest.mark.parametrize("rate", [8000, 16000, 24000, 48000])
+async def test_tts_through_the_synthesizer_at_any_rate(rate: int) -> None:
+    synthesizer = Synthesizer(tts(), max_concurrent=2, max_queue=4, chunk_ms=200)
+    request = SpeechRequest(text=THREE_WORDS, voice=synthesizer.resolve_voice("alloy"))
+    parts = [chunk async for chunk in synthesizer.stream(request, rate)]
+    assert [p.size for p in parts[:-1]] == [rate // 5] * (len(parts) - 1)
+    assert sum(p.size for p in parts) == pytest.approx(0.9 * rate, abs=rate // 100)
+    assert float(np.abs(np.concatenate(parts)).max()) > 0.02
+
+
+def test_tts_library_voice_speaks_the_default() -> None:
+    assert tts().library_voice(LibraryVoice("v_1", Path("clip.wav"))) == "fake"
+
+
+async def test_synthesizer_still_refuses_an_empty_voice_name() -> None:
+    synthesizer = Synthesizer(tts(), max_concurrent=1, max_queue=1, chunk_ms=200)
+    with pytest.raises(UnknownVoice):
+        synthesizer.resolve_voice("")
+
+
+# The profile
+
+
+def test_fake_profile_picks_both_fake_engines() -> None:
+    assert AsrSettings(profile="fake").asr.engine == "fake"
+    assert TtsSettings(profile="fake").tts.engine == "fake"
+
+
+def test_fake_profile_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VA_PROFILE", "fake")
+    monkeypatch.setenv("VA_ASR__FAKE__TEXT", "good morning")
+    monkeypatch.setenv("VA_ASR__FAKE__LATENCY_MS", "25")
+    monkeypatch.setenv("VA_TTS__FAKE__MS_PER_WORD", "150")
+    asr, tts_section = AsrSettings().asr, TtsSettings().tts
+    assert (asr.engine, asr.fake.text, asr.fake.latency_ms) == ("fake", "good morning", 25)
+    assert (tts_section.engine, tts_section.fake.ms_per_word) == ("fake", 150)
+    assert isinstance(create_asr_engine(asr), FakeAsrEngine)
+    assert isinstance(create_tts_engine(tts_section), FakeTtsEngine)
+
+
+def test_an_explicit_engine_beats_the_fake_profile(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VA_PROFILE", "fake")
+    monkeypatch.setenv("VA_ASR__ENGINE", "sphinx")
+    assert AsrSettings().asr.engine == "sphinx"
+    assert TtsSettings().tts.engine == "fake"
+    assert TtsSettings(tts=TtsSection(engine="espeak")).tts.engine == "espeak"
+
+
+def test_fake_engines_are_chosen_by_name_under_any_profile() -> None:
+    assert AsrSettings(asr=AsrSection(engine="fake")).asr.engine == "fake"
+    assert AsrSettings().asr.engine == "sphinx"  # the profile changed no shared default
+    assert TtsSettings(profile="dual-gpu", tts=TtsSection(engine="fake")).tts.engine == "fake"
+
+
+def test_doctor_passes_the_fake_engines() -> None:
+    from services.common.doctor_checks import check_asr_model, check_tts_model
+
+    asr = check_asr_model(AsrSettings(profile="fake"))
+    tts_check = check_tts_model(TtsSettings(profile="fake"))
+    assert (asr.status, tts_check.status) == ("OK", "OK"), (asr, tts_check)
