@@ -10,6 +10,8 @@ from __future__ import annotations
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+LOOP_LAG_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+"""Event-loop lag: a healthy loop answers within a millisecond or two; 20 ms is audible."""
 
 REQUEST_DURATION = Histogram(
     "va_request_duration_seconds",
@@ -37,6 +39,12 @@ GPU_MEMORY_USED = Gauge(
 )
 GPU_MEMORY_TOTAL = Gauge(
     "va_gpu_memory_total_bytes", "GPU memory in total on the service's GPU.", ["service", "gpu"]
+)
+EVENT_LOOP_LAG = Histogram(
+    "va_event_loop_lag_seconds",
+    "How late the event loop ran a timer due now (time the loop was kept busy), by service.",
+    ["service"],
+    buckets=LOOP_LAG_BUCKETS,
 )
 READY = Gauge("va_ready", "1 when the service is ready (model loaded, Redis up).", ["service"])
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import FastAPI, Request, WebSocket
+from fastapi import FastAPI, Query, Request, WebSocket
 from fastapi.exceptions import RequestValidationError, WebSocketRequestValidationError
 from fastapi.responses import JSONResponse, Response
 from redis.asyncio import Redis
@@ -22,6 +23,7 @@ from services.common.errors import (
     VoiceAgentError,
 )
 from services.common.gpu import gpu_report
+from services.common.runtime import LoopLagMonitor, process_figures
 from services.common.settings import ALLOWED_SAMPLE_RATES
 from services.common.ws import Channel
 
@@ -44,6 +46,10 @@ class ServiceState:
     queue_depth: Callable[[], int] = lambda: 0
     started_at: float = field(default_factory=time.time)
     extra: Callable[[], dict[str, Any]] = dict
+    loop_lag: LoopLagMonitor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.loop_lag = LoopLagMonitor(self.service)
 
     def connection_opened(self) -> None:
         self.active_connections += 1
@@ -83,8 +89,11 @@ class ServiceState:
             metrics.GPU_MEMORY_TOTAL.labels(self.service, label).set(gpu["memory_total"])
         return gpu
 
-    def health(self, redis_ok: bool, gpu: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The /health report (the fields seed deployments poll included)."""
+    def health(
+        self, redis_ok: bool, gpu: dict[str, Any] | None = None, lag_window_s: float = 60.0
+    ) -> dict[str, Any]:
+        """The /health report (the fields seed deployments poll included); the event-loop
+        lag is over the last `lag_window_s` seconds."""
         depth = self.queue_depth()
         metrics.QUEUE_DEPTH.labels(self.service).set(depth)
         report: dict[str, Any] = {
@@ -101,6 +110,8 @@ class ServiceState:
             "queue_size": depth,
             "uptime_s": round(time.time() - self.started_at, 3),
             "gpu": self.gpu() if gpu is None else gpu,
+            "event_loop_lag_ms": self.loop_lag.summary(lag_window_s),
+            "process": process_figures(),
         }
         report.update(self.extra())
         return report
@@ -136,13 +147,29 @@ def query_error(errors: Sequence[Any]) -> VoiceAgentError:
     return error
 
 
+def run_for_app_life(app: FastAPI, monitor: LoopLagMonitor) -> None:
+    """Wrap the app's lifespan so `monitor` runs from before start-up to after shutdown."""
+    inner = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(target: Any) -> AsyncIterator[Any]:
+        async with monitor.running(), inner(target) as lifespan_state:
+            yield lifespan_state
+
+    app.router.lifespan_context = lifespan
+
+
 def install_ops(app: FastAPI, state: ServiceState) -> None:
-    """Add /health, /ready, /metrics and the domain-error → HTTP mapping to an app."""
+    """Add /health, /ready, /metrics and the domain-error → HTTP mapping to an app, and run
+    its event-loop lag monitor for the app's life."""
+    run_for_app_life(app, state.loop_lag)
 
     @app.get("/health")
-    async def health() -> dict[str, Any]:
+    async def health(
+        window_s: float = Query(60.0, gt=0, le=600, description="event-loop lag window"),
+    ) -> dict[str, Any]:
         redis_ok = await state.redis_ok()
-        return state.health(redis_ok, await asyncio.to_thread(state.gpu))
+        return state.health(redis_ok, await asyncio.to_thread(state.gpu), window_s)
 
     @app.get("/ready")
     async def ready() -> JSONResponse:
