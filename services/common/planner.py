@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 OPTIONS_PATH = "(plan options)"
 STAGES = ("end_of_turn", "asr", "response", "voice_to_voice", "time_to_silence", "gateway_added")
@@ -98,6 +98,15 @@ class Level(_In):
     turns_per_s: float | None = Field(default=None, ge=0)
     stages_ms: dict[str, StageStats] = Field(default_factory=dict)
     realtime_ok: bool
+
+    @field_validator("stages_ms", mode="before")
+    @classmethod
+    def _drop_empty_stages(cls, value: Any) -> Any:
+        """A stage with no samples (`null`) is a stage not measured."""
+        if isinstance(value, dict):
+            return {stage: stats for stage, stats in value.items() if stats is not None}
+        return value
+
     bottleneck: str | None = None
     server: LevelServer | None = None
 
@@ -727,7 +736,8 @@ def latency_at(test: Loadtest, target: int, missing: list[str]) -> Latency | Non
         if stage not in levels[lo].stages_ms or stage not in levels[hi].stages_ms:
             continue
         figures = {q: _interpolate(test, lo, hi, stage, q, target) for q in ("p50", "p95", "p99")}
-        stages.append(StageLatency(stage=stage, count=None, **figures))
+        if any(figures.values()):
+            stages.append(StageLatency(stage=stage, count=None, **figures))
     return Latency(
         sessions=target,
         basis="interpolated",
@@ -1211,7 +1221,7 @@ def _latency_markdown(setup: Setup, cite: Citations) -> list[str]:
     if latency is None:
         return []
     ok = ", ".join(
-        f"{n} sessions realtime_ok {str(v).lower()}"
+        f"level {n}: realtime_ok {str(v).lower()}"
         for n, v in zip(latency.levels, latency.realtime_ok, strict=True)
     )
     if latency.basis == "measured":
