@@ -5,7 +5,9 @@ Whenever the model is free the batcher takes everything waiting (finals first,
 partials only into the slots left, up to `max_batch`) and runs one model call in
 its own worker thread. Partials never delay a final: a batch of partials alone runs
 interruptibly where the engine can (`InterruptibleEngine`), and a final arriving
-meanwhile stops it; its partials go back to the head of their queue.
+meanwhile stops it; its partials go back to the head of their queue. An engine that
+decodes a batch item by item (`sequential`, pocketsphinx) never gets partials in a
+batch with finals; a truly batched one (faster-whisper) fills free slots with them.
 """
 
 from __future__ import annotations
@@ -105,7 +107,10 @@ class Batcher:
 
     def _take_batch(self) -> list[_Waiting]:
         batch: list[_Waiting] = []
-        for source in (self._finals, self._partials):
+        sources = (self._finals, self._partials)
+        if getattr(self.engine, "sequential", False) and self._finals:
+            sources = (self._finals,)  # each item costs its own time: finals alone
+        for source in sources:
             while source and len(batch) < self.max_batch:
                 waiting = source.popleft()
                 if not waiting.future.done():  # the caller may have gone away

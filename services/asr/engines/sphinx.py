@@ -20,6 +20,8 @@ class SphinxEngine:
     name = "sphinx"
     sample_rate = 16000
     device = "cpu"
+    sequential = True
+    """One utterance after another: a partial in a final's batch would delay the final."""
 
     def __init__(self, settings: SphinxSettings) -> None:
         self.settings = settings
