@@ -5,6 +5,8 @@ voice-agent asr|tts|gateway [--port] one service
 voice-agent client --wav FILE        talk to the agent with a wav file
 voice-agent doctor                   check GPUs, models, Redis, ports and nginx
 voice-agent models pull NAME [--dir] download model weights (models list: the names)
+voice-agent loadtest --sessions 1,5,10 simulated users against /v1/stream; JSON + plots
+voice-agent plan [FILES]             a capacity plan from measurement files
 """
 
 from __future__ import annotations
@@ -129,6 +131,9 @@ def main(argv: list[str] | None = None) -> None:
     from services.common.models import add_models_command
 
     add_models_command(sub)
+    from services.common.planner import add_plan_command
+
+    add_plan_command(sub)
     args, rest = parser.parse_known_args(argv)
     if args.func is None:
         run_service(args.service, rest)
