@@ -107,7 +107,7 @@ class Batcher:
 
     def _take_batch(self) -> list[_Waiting]:
         batch: list[_Waiting] = []
-        sources = (self._finals, self._partials)
+        sources: tuple[deque[_Waiting], ...] = (self._finals, self._partials)
         if getattr(self.engine, "sequential", False) and self._finals:
             sources = (self._finals,)  # each item costs its own time: finals alone
         for source in sources:

@@ -29,6 +29,16 @@ class Event(BaseModel):
 # ---------------------------------------------------------------- gateway session
 
 
+class TtsStyle(BaseModel):
+    """How the voice speaks, for engines that take it (chatterbox); None: the engine's default."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    exaggeration: float | None = Field(default=None, ge=0.0, le=2.0)
+    cfg_weight: float | None = Field(default=None, ge=0.0, le=2.0)
+    temperature: float | None = Field(default=None, ge=0.05, le=2.0)
+
+
 class SessionConfig(BaseModel):
     """The session as the client sees it."""
 
@@ -39,6 +49,7 @@ class SessionConfig(BaseModel):
     language: str | None = "en"
     agent: str = "echo"
     instructions: str | None = None
+    tts: TtsStyle | None = None
     resumed: bool | None = None
 
 
@@ -53,6 +64,7 @@ class SessionPatch(BaseModel):
     language: str | None = Field(default=None, max_length=16)
     agent: str | None = Field(default=None, min_length=1, max_length=64)
     instructions: str | None = Field(default=None, max_length=16_384)
+    tts: TtsStyle | None = None
 
 
 # ---------------------------------------------------------------- client → gateway
@@ -226,6 +238,9 @@ class Speak(Event):
     voice: str | None = Field(default=None, max_length=128)
     sample_rate: SampleRate | None = None
     speed: float = Field(default=1.0, ge=0.25, le=4.0)
+    exaggeration: float | None = Field(default=None, ge=0.0, le=2.0)
+    cfg_weight: float | None = Field(default=None, ge=0.0, le=2.0)
+    temperature: float | None = Field(default=None, ge=0.05, le=2.0)
 
 
 class CancelSpeak(Event):

@@ -45,6 +45,9 @@ class TtsJob(BusMessage):
     sample_rate: int
     reply_to: str
     speed: float = 1.0
+    exaggeration: float | None = None
+    cfg_weight: float | None = None
+    temperature: float | None = None
     enqueued_at: float = 0.0
 
 

@@ -212,7 +212,7 @@ class Session:
             raise InvalidMessage(f"unknown agent {patch['agent']!r}; choose one of {known}")
         if "input_sample_rate" in patch:
             self.listener.set_input_rate(patch["input_sample_rate"])
-        self.config = self.config.model_copy(update=patch)
+        self.config = SessionConfig.model_validate({**self.config.model_dump(), **patch})
         await self.channel.send(SessionUpdated(session=self.config))
         await self._save()
 
@@ -471,6 +471,7 @@ class Session:
         if active.first_tts_at is None:
             active.first_tts_at = self.clock()
         seq = active.audio.add_text(text)
+        style = self.config.tts
         job = TtsJob(
             job_id=new_id("tts"),
             session_id=self.config.id,
@@ -480,6 +481,9 @@ class Session:
             voice=self.config.voice,
             sample_rate=self.config.output_sample_rate,
             reply_to=self.bus.reply_to,
+            exaggeration=style.exaggeration if style else None,
+            cfg_weight=style.cfg_weight if style else None,
+            temperature=style.temperature if style else None,
             enqueued_at=time.time(),
         )
         await self.bus.submit_tts(job)

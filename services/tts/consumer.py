@@ -65,7 +65,14 @@ class TtsJobHandler:
             TTS_CANCELLED.inc()
             return "cancelled", 0, 0
         voice = self.synthesizer.resolve_voice(job.voice)
-        request = SpeechRequest(text=job.text, voice=voice, speed=job.speed)
+        request = SpeechRequest(
+            text=job.text,
+            voice=voice,
+            speed=job.speed,
+            exaggeration=job.exaggeration,
+            cfg_weight=job.cfg_weight,
+            temperature=job.temperature,
+        )
         index = samples = 0
         async with aclosing(self.synthesizer.stream(request, job.sample_rate)) as chunks:
             async for chunk in chunks:

@@ -96,6 +96,9 @@ class TtsStream:
             text=request.text,
             voice=self.synthesizer.resolve_voice(request.voice),
             speed=request.speed,
+            exaggeration=request.exaggeration,
+            cfg_weight=request.cfg_weight,
+            temperature=request.temperature,
         )
         if request.id not in self.cancelled:
             async with aclosing(self.synthesizer.stream(speech, rate)) as chunks:

@@ -258,3 +258,16 @@ async def test_thirty_seconds_of_speech_is_split() -> None:
     finals = [pcm for _, job, pcm in h.bus.asr_jobs if job.mode == "final"]
     assert len(finals) == 2 and pcm_ms(finals[0]) == pytest.approx(30_000, abs=40)
     assert len(h.of_type("transcript.final")) == 2
+
+
+async def test_session_voice_style_travels_with_every_tts_job() -> None:
+    style = {"exaggeration": 1.2, "cfg_weight": 0.3, "temperature": 0.5}
+    async with running_session() as h:
+        await h.send({"type": "session.update", "session": {"tts": style}})
+        updated = await h.wait_for("session.updated")
+        await h.send({"type": "response.create", "text": "One. Two, three four five six seven."})
+        await h.wait_for("response.done")
+    assert updated["session"]["tts"] == style
+    jobs = [job for _, job in h.bus.tts_jobs]
+    assert len(jobs) >= 2
+    assert all((j.exaggeration, j.cfg_weight, j.temperature) == (1.2, 0.3, 0.5) for j in jobs)
