@@ -6,20 +6,22 @@ chunker and response ordering. Around it:
 - `FakeBus`: instant in-process "engines" that answer ASR and TTS jobs after set delays
   and stop a cancelled response between chunks, as the real workers do;
 - `FakeSocket`: what the real `Channel` reads from and writes to, with timestamps.
-Tests run under `@pytest.mark.looptime`: sleeps and timeouts take no wall time, and
-every timestamp is exact event-loop time.
+Tests run on a `looptime` event loop (`on_virtual_time`): sleeps and timeouts take no
+wall time, and every timestamp is exact event-loop time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+import looptime
 import numpy as np
 from starlette.websockets import WebSocketState
 
@@ -37,6 +39,20 @@ from services.gateway.turn_end import EndOfTurn
 
 RATE = 16000
 WINDOW = 512
+
+
+def on_virtual_time(test: Callable[[], Coroutine[Any, Any, None]]) -> Callable[[], None]:
+    """Run an async test on its own fake-time loop (the loop's clock jumps to the next timer)."""
+
+    @functools.wraps(test)
+    def run() -> None:
+        loop = looptime.new_event_loop()
+        try:
+            loop.run_until_complete(test())
+        finally:
+            loop.close()
+
+    return run
 
 
 class _EnergyStream:

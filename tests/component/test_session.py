@@ -1,7 +1,8 @@
 """The session state machine, driven by scripted audio and fake engines on virtual time.
 
-No sleeps: under `looptime` the loop's clock jumps to the next timer, so a 15 s ASR
-timeout takes no wall time and every timestamp below is exact.
+No sleeps: on a `looptime` event loop the clock jumps to the next timer, so a 15 s ASR
+timeout takes no wall time and every timestamp below is exact. (Its pytest plugin is
+off for the suite: each test here runs its own loop, through `on_virtual_time`.)
 """
 
 from __future__ import annotations
@@ -17,9 +18,14 @@ from services.gateway import metrics
 from services.gateway.agent import Turn
 from services.gateway.settings import GatewaySection
 from services.gateway.turn_end import TrailingWordHeuristic
-from tests.component.session_harness import Harness, pcm_ms, running_session, silence, tone
-
-pytestmark = pytest.mark.looptime
+from tests.component.session_harness import (
+    Harness,
+    on_virtual_time,
+    pcm_ms,
+    running_session,
+    silence,
+    tone,
+)
 
 MIN_SILENCE_S = VadSettings().min_silence_ms / 1000
 WINDOW_S = 512 / 16000
@@ -29,6 +35,7 @@ def history(h: Harness) -> list[tuple[str, str]]:
     return [(turn.role, turn.text) for turn in h.session.history]
 
 
+@on_virtual_time
 async def test_one_turn_end_to_end() -> None:
     async with running_session(transcripts=["hello there"]) as h:
         speech_end = await h.say(silence(300), tone(1000))
@@ -62,6 +69,7 @@ async def test_one_turn_end_to_end() -> None:
     assert history(h) == [("user", "hello there"), ("agent", "hello there")]
 
 
+@on_virtual_time
 async def test_a_repeated_final_is_dropped() -> None:
     async with running_session(transcripts=["hello there"]) as h:
         await h.say(silence(200), tone(600), silence(900))
@@ -73,6 +81,7 @@ async def test_a_repeated_final_is_dropped() -> None:
     assert len(h.of_type("response.created")) == 1
 
 
+@on_virtual_time
 async def test_partials_are_periodic_and_never_in_trailing_silence() -> None:
     async with running_session(transcripts=["a b"]) as h:
         speech_end = await h.say(silence(200), tone(2600))
@@ -87,6 +96,7 @@ async def test_partials_are_periodic_and_never_in_trailing_silence() -> None:
     assert all(t < final_at for t, e in h.socket.events if e["type"] == "transcript.partial")
 
 
+@on_virtual_time
 async def test_at_most_one_partial_in_flight() -> None:
     async with running_session(transcripts=["a b"], answer_partials=False) as h:
         await h.say(silence(200), tone(3000), silence(900))
@@ -98,6 +108,7 @@ async def test_at_most_one_partial_in_flight() -> None:
     assert h.of_type("transcript.partial") == []
 
 
+@on_virtual_time
 async def test_a_late_partial_is_not_sent_after_the_final() -> None:
     async with running_session(transcripts=["a b"], asr_delay_s=0.9) as h:
         await h.say(silence(200), tone(700), silence(1500))
@@ -116,6 +127,7 @@ async def barge_in(h: Harness, after_audio_s: float, interruption: bytes) -> flo
     return await h.say(interruption)
 
 
+@on_virtual_time
 async def test_barge_in_cancels_end_to_end() -> None:
     before = metrics.INTERRUPTIONS._value.get()
     story = "once upon a time there was a very long story"  # 10 words: 4 s of audio
@@ -149,6 +161,7 @@ async def test_barge_in_cancels_end_to_end() -> None:
     assert h.of_type("response.done")[1]["status"] == "completed"
 
 
+@on_virtual_time
 async def test_a_cough_does_not_interrupt() -> None:
     before = metrics.FALSE_INTERRUPTIONS._value.get()
     story = "once upon a time there was a story"  # 8 words: 3.2 s of audio
@@ -163,6 +176,7 @@ async def test_a_cough_does_not_interrupt() -> None:
     assert metrics.FALSE_INTERRUPTIONS._value.get() == before + 1
 
 
+@on_virtual_time
 async def test_speech_without_agent_audio_cancels_nothing() -> None:
     async with running_session(transcripts=["one", "two"], tts_first_s=5.0) as h:
         await h.say(silence(200), tone(600), silence(900))
@@ -175,6 +189,7 @@ async def test_speech_without_agent_audio_cancels_nothing() -> None:
     assert h.of_type("output_audio.clear") == []
 
 
+@on_virtual_time
 async def test_end_of_turn_hold_joins_a_paused_sentence() -> None:
     policy = TrailingWordHeuristic(GatewaySection(end_of_turn_hold_ms=700))
     async with running_session(end_of_turn=policy, transcripts=["go to the", "station"]) as h:
@@ -188,6 +203,7 @@ async def test_end_of_turn_hold_joins_a_paused_sentence() -> None:
     assert history(h) == [("user", "go to the station"), ("agent", "go to the station")]
 
 
+@on_virtual_time
 async def test_end_of_turn_hold_runs_out() -> None:
     policy = TrailingWordHeuristic(GatewaySection(end_of_turn_hold_ms=700))
     async with running_session(end_of_turn=policy, transcripts=["bread and"]) as h:
@@ -197,6 +213,7 @@ async def test_end_of_turn_hold_runs_out() -> None:
     assert held == pytest.approx(0.7)
 
 
+@on_virtual_time
 async def test_no_hold_after_a_complete_sentence() -> None:
     policy = TrailingWordHeuristic(GatewaySection(end_of_turn_hold_ms=700))
     async with running_session(end_of_turn=policy, transcripts=["bread please"]) as h:
@@ -215,6 +232,7 @@ class FailingAgent:
         raise AgentFailed("the LLM timed out")
 
 
+@on_virtual_time
 async def test_agent_failure_costs_one_error_and_the_session_goes_on() -> None:
     agents = {"echo": FailingAgent}
     async with running_session(agents=agents, transcripts=["hi"]) as h:  # type: ignore[arg-type]
@@ -228,6 +246,7 @@ async def test_agent_failure_costs_one_error_and_the_session_goes_on() -> None:
     assert second["status"] == "completed" and second["text"] == "Still here."
 
 
+@on_virtual_time
 async def test_asr_timeout_is_reported_and_a_late_transcript_dropped() -> None:
     async with running_session(answer_asr=False) as h:
         await h.say(silence(200), tone(600), silence(900))
@@ -241,6 +260,7 @@ async def test_asr_timeout_is_reported_and_a_late_transcript_dropped() -> None:
     assert h.of_type("transcript.final") == [] and h.of_type("response.created") == []
 
 
+@on_virtual_time
 async def test_tts_silence_fails_the_response_in_time() -> None:
     async with running_session(transcripts=["hi"], tts_first_s=100.0) as h:
         await h.say(silence(200), tone(600), silence(900))
@@ -251,6 +271,7 @@ async def test_tts_silence_fails_the_response_in_time() -> None:
     assert waited == pytest.approx(GatewaySection().tts_timeout_s, abs=0.05)
 
 
+@on_virtual_time
 async def test_thirty_seconds_of_speech_is_split() -> None:
     async with running_session(transcripts=["first", "second"], tts_ms_per_word=40) as h:
         await h.say(silence(200), tone(31_000), silence(900), frame_ms=100)
@@ -260,6 +281,7 @@ async def test_thirty_seconds_of_speech_is_split() -> None:
     assert len(h.of_type("transcript.final")) == 2
 
 
+@on_virtual_time
 async def test_session_voice_style_travels_with_every_tts_job() -> None:
     style = {"exaggeration": 1.2, "cfg_weight": 0.3, "temperature": 0.5}
     async with running_session() as h:
