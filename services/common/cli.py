@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     from services.common.models import add_models_command
 
     add_models_command(sub)
-    from services.common.planner import add_plan_command
+    from services.plan.cli import add_plan_command
 
     add_plan_command(sub)
     args, rest = parser.parse_known_args(argv)

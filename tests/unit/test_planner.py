@@ -17,21 +17,21 @@ from typing import Any
 
 import pytest
 
-from services.common import planner
-from services.common.planner import (
-    OPTIONS_PATH,
-    Figure,
+from services.plan.build import build_plan
+from services.plan.cli import add_plan_command, main, run
+from services.plan.figures import OPTIONS_PATH, Figure
+from services.plan.inputs import (
     Loadtest,
     Measurement,
-    Plan,
     PlanInputError,
-    PlanOptions,
-    Setup,
-    build_plan,
     load_measurements,
     parse_measurement,
-    render_markdown,
 )
+from services.plan.latency import STAGES
+from services.plan.model import Plan, PlanOptions, Setup
+from services.plan.render import render_markdown
+from services.plan.sessions import measured_sessions
+from services.plan.sizing import sizing
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "plan"
 LITE = FIXTURES / "loadtest_lite.json"
@@ -82,13 +82,13 @@ def _loadtest(oks: list[tuple[int, bool]]) -> Loadtest:
 
 
 def test_a_level_that_passes_above_a_failure_does_not_count() -> None:
-    figure, notes = planner.measured_sessions(_loadtest([(1, True), (5, False), (10, True)]))
+    figure, notes = measured_sessions(_loadtest([(1, True), (5, False), (10, True)]))
     assert figure is not None and figure.value == 1
     assert any("noisy run" in note for note in notes)
 
 
 def test_no_level_real_time_means_no_measured_capacity() -> None:
-    figure, notes = planner.measured_sessions(_loadtest([(5, False), (10, False)]))
+    figure, notes = measured_sessions(_loadtest([(5, False), (10, False)]))
     assert figure is None
     assert "not even 5 session(s) stayed real time" in notes
 
@@ -141,7 +141,7 @@ def test_latency_at_a_measured_level_is_copied() -> None:
     assert v2v.p95 is not None and v2v.p95.value == 1600 and not v2v.p95.estimate
     assert [s.field for s in v2v.p95.sources] == ["levels[2].stages_ms.voice_to_voice.p95"]
     assert v2v.count == 42
-    assert [s.stage for s in latency.stages] == list(planner.STAGES)
+    assert [s.stage for s in latency.stages] == list(STAGES)
 
 
 def test_latency_between_levels_is_interpolated_and_marked_estimate() -> None:
@@ -230,7 +230,7 @@ def test_machines_needed_with_headroom() -> None:
 
 def test_float_noise_does_not_add_a_machine() -> None:
     # 30 × 0.1 is 3.0000000000000004 in floating point: still 3 sessions, 1 machine of 3
-    size = planner.sizing(
+    size = sizing(
         [("measured", Figure(value=3, unit="sessions", sources=[]))],
         None,
         PlanOptions(users=30, concurrency_ratio=0.1, headroom=0.0),
@@ -394,7 +394,7 @@ def test_cli_prints_and_writes_markdown_and_json(
     out, as_json = tmp_path / "plans" / "capacity.md", tmp_path / "plans" / "capacity.json"
     argv = [str(FIXTURES), "--target-sessions", "30", "--users", "1000"]
     argv += ["--concurrency-ratio", "0.05", "--headroom", "0.2"]
-    planner.main([*argv, "--out", str(out), "--json", str(as_json)])
+    main([*argv, "--out", str(out), "--json", str(as_json)])
     printed = capsys.readouterr().out
     assert out.read_text() == printed
     assert printed.startswith("# Capacity plan")
@@ -413,11 +413,11 @@ def test_cli_errors_name_the_file_or_the_option(
     broken = tmp_path / "loadtest_x.json"
     broken.write_text("[]")
     with pytest.raises(SystemExit) as exited:
-        planner.main([str(broken)])
+        main([str(broken)])
     assert exited.value.code == 1
     assert f"voice-agent plan: error: {broken}: not a JSON object" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        planner.main([str(LITE), "--concurrency-ratio", "1.5"])
+        main([str(LITE), "--concurrency-ratio", "1.5"])
     assert "--concurrency-ratio: Input should be less than or equal to 1" in (
         capsys.readouterr().err
     )
@@ -425,9 +425,9 @@ def test_cli_errors_name_the_file_or_the_option(
 
 def test_add_plan_command_registers_the_subcommand() -> None:
     parser = argparse.ArgumentParser(prog="voice-agent")
-    planner.add_plan_command(parser.add_subparsers(dest="command", required=True))
+    add_plan_command(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["plan", str(LITE), "--users", "10", "--headroom", "0.2"])
-    assert args.func is planner.run
+    assert args.func is run
     assert (args.inputs, args.users, args.headroom) == ([LITE], 10, 0.2)
     default = parser.parse_args(["plan"])
     assert default.inputs == [Path("benchmarks/results")]
