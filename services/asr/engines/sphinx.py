@@ -27,6 +27,7 @@ class SphinxEngine:
         self.settings = settings
         self.model = str(settings.hmm) if settings.hmm else "pocketsphinx en-us"
         self._decoder: Any = None
+        self._sliced_decoder: Any = None  # partials: its running feature state stays apart
         self._lock = threading.Lock()
 
     def load(self) -> None:
@@ -54,6 +55,7 @@ class SphinxEngine:
         if self.settings.jsgf is not None:
             options.pop("lm", None)
         self._decoder = Decoder(**options)
+        self._sliced_decoder = Decoder(**options)
 
     def transcribe_batch(self, items: Sequence[AsrInput]) -> list[Transcript]:
         if self._decoder is None:
@@ -67,7 +69,8 @@ class SphinxEngine:
         """Decode in 100 ms slices, giving up (Interrupted) within one slice of `stop`.
 
         Sliced decoding normalizes features on the fly instead of over the whole
-        utterance, so it is for partial transcripts; finals use `transcribe_batch`.
+        utterance, so it is for partial transcripts; finals use `transcribe_batch`. It
+        has a decoder of its own, so it never shifts the finals' running feature state.
         """
         if self._decoder is None:
             raise EngineUnavailable("the pocketsphinx model is not loaded")
@@ -78,7 +81,7 @@ class SphinxEngine:
         duration = item.audio.size / self.sample_rate
         if item.audio.size < self.sample_rate // 10:
             return Transcript(text="", language="en", duration_s=duration)
-        decoder = self._decoder
+        decoder = self._decoder if stop is None else self._sliced_decoder
         pad = np.zeros(self.sample_rate // 4, dtype=np.float32)  # room for its endpointing
         audio = np.concatenate([pad, item.audio.astype(np.float32), pad])
         pcm = float_to_pcm16(audio)
