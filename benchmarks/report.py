@@ -1,104 +1,27 @@
-"""What every engine benchmark records beside its numbers: command, machine, versions, time."""
+"""What every engine benchmark records beside its numbers (lives in services.common.report)."""
 
 from __future__ import annotations
 
-import importlib.metadata
-import json
-import os
-import platform
-import shlex
-import shutil
-import subprocess
-import sys
-import time
-from pathlib import Path
-from typing import Any
+from services.common.report import (
+    command,
+    cpu_model,
+    gpus,
+    machine,
+    percentile,
+    stamped,
+    summary,
+    versions,
+    write,
+)
 
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def gpus() -> list[str]:
-    """`name, memory, driver` of every GPU nvidia-smi lists (empty without a driver)."""
-    if shutil.which("nvidia-smi") is None:
-        return []
-    query = "--query-gpu=name,memory.total,driver_version"
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", query, "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [line.strip() for line in out.splitlines() if line.strip()]
-
-
-def machine() -> dict[str, Any]:
-    return {
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "gpus": gpus(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
-    }
-
-
-def versions(*packages: str) -> dict[str, str | None]:
-    found: dict[str, str | None] = {}
-    for package in packages:
-        try:
-            found[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            found[package] = None
-    return found
-
-
-def command() -> str:
-    """The exact command line, as it could be typed again."""
-    return shlex.join(["python", "-m", _module(), *sys.argv[1:]])
-
-
-def _module() -> str:
-    main = sys.modules.get("__main__")
-    spec = getattr(main, "__spec__", None)
-    return spec.name if spec is not None else Path(sys.argv[0]).stem
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (no interpolation: every reported value was measured)."""
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
-
-
-def summary(values: list[float]) -> dict[str, float]:
-    """p50, p95, min and max of a run's measurements, rounded to 0.1."""
-    return {
-        "p50": round(percentile(values, 50), 1),
-        "p95": round(percentile(values, 95), 1),
-        "min": round(min(values), 1),
-        "max": round(max(values), 1),
-    }
-
-
-def write(path: Path, body: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    stamped = {
-        "command": command(),
-        "machine": machine(),
-        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        **body,
-    }
-    path.write_text(json.dumps(stamped, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {path}")
+__all__ = [
+    "command",
+    "cpu_model",
+    "gpus",
+    "machine",
+    "percentile",
+    "stamped",
+    "summary",
+    "versions",
+    "write",
+]

@@ -6,11 +6,10 @@ Used by `voice-agent client`, the end-to-end tests and the benchmarks.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 import wave
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from ssl import SSLContext
@@ -68,27 +67,49 @@ def write_wav(path: Path, pcm16: bytes, rate: int) -> None:
         wav.writeframes(pcm16)
 
 
+OnMessage = Callable[[float, dict[str, Any] | bytes], None]
+"""Sees every message the server sends after `session.created`, with its arrival time."""
+
+
 class StreamClient:
-    """One `/v1/stream` session."""
+    """One `/v1/stream` session.
+
+    Besides each turn's `Received`, it keeps what a load generator needs: every
+    message to `on_message`, how late each paced frame left (`send_lag_ms`), and how
+    the connection ended (`close_code`, `closed`).
+    """
 
     def __init__(
         self,
         url: str,
         on_event: Callable[[dict[str, Any]], None] | None = None,
         ssl: SSLContext | None = None,
+        on_message: OnMessage | None = None,
+        open_timeout_s: float = 10.0,
     ) -> None:
         self.url = url
         self.ssl = ssl
         self.on_event = on_event
+        self.on_message = on_message
+        self.open_timeout_s = open_timeout_s
         self.ws: Any = None
         self.session: dict[str, Any] = {}
+        self.send_lag_ms: list[float] = []
+        self.close_code: int | None = None
+        self.closed = asyncio.Event()
         self._received = Received()
         self._reader: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
 
     async def __aenter__(self) -> StreamClient:
         tls: dict[str, Any] = {} if self.ssl is None else {"ssl": self.ssl}  # else: default
-        self.ws = await websockets.connect(self.url, max_size=None, compression=None, **tls)
+        self.ws = await websockets.connect(
+            self.url,
+            max_size=None,
+            compression=None,
+            open_timeout=self.open_timeout_s,
+            **tls,
+        )
         created = json.loads(await self.ws.recv())
         if created.get("type") != "session.created":
             raise RuntimeError(f"expected session.created, got {created}")
@@ -133,14 +154,41 @@ class StreamClient:
         lead = np.zeros(input_rate * lead_silence_ms // 1000, dtype=np.float32)
         audio = np.concatenate([lead, audio])
         step = input_rate * frame_ms // 1000
+        frames = (float_to_pcm16(audio[i : i + step]) for i in range(0, audio.size, step))
+        await self._paced(frames, frame_ms)
+        received.last_speech_sent_at = time.monotonic()
+        return received
+
+    async def _paced(
+        self, frames: Iterable[bytes], frame_ms: int, until: Callable[[], bool] | None = None
+    ) -> bool:
+        """Send frames at real-time pace, stopping early once `until()` holds (then True).
+
+        How late each frame leaves against that pace goes to `send_lag_ms`.
+        """
         start = time.monotonic()
-        for i, offset in enumerate(range(0, audio.size, step)):
-            await self.ws.send(float_to_pcm16(audio[offset : offset + step]))
+        for i, frame in enumerate(frames):
+            if until is not None and until():
+                return True
+            late_s = time.monotonic() - (start + i * frame_ms / 1000)
+            self.send_lag_ms.append(max(0.0, late_s * 1000))
+            await self.ws.send(frame)
             delay = start + (i + 1) * frame_ms / 1000 - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-        received.last_speech_sent_at = time.monotonic()
-        return received
+        return until is not None and until()
+
+    async def silence_while(
+        self, waiting: Callable[[], bool], timeout_s: float, frame_ms: int = 20
+    ) -> bool:
+        """Stream silence (a live microphone) while `waiting()` holds, at most `timeout_s`.
+
+        Returns False when the time ran out first.
+        """
+        rate = int(self.session.get("input_sample_rate", 16000))
+        frame = bytes(2 * rate * frame_ms // 1000)
+        count = max(1, round(timeout_s * 1000 / frame_ms))
+        return await self._paced((frame for _ in range(count)), frame_ms, lambda: not waiting())
 
     async def silence_until(
         self,
@@ -150,28 +198,17 @@ class StreamClient:
         predicate: Callable[[dict[str, Any]], bool] | None = None,
     ) -> dict[str, Any]:
         """Keep streaming silence (as a live microphone would) until an event arrives."""
-        rate = int(self.session.get("input_sample_rate", 16000))
-        frame = bytes(2 * rate * frame_ms // 1000)
-        deadline = time.monotonic() + timeout_s
-        start = time.monotonic()
-        i = 0
-        while time.monotonic() < deadline:
-            found = self._find(kind, predicate)
-            if found is not None:
-                return found
-            await self.ws.send(frame)
-            i += 1
-            delay = start + i * frame_ms / 1000 - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
+        await self.silence_while(lambda: self._find(kind, predicate) is None, timeout_s, frame_ms)
+        found = self._find(kind, predicate)
+        if found is not None:
+            return found
         raise TimeoutError(
             f"no {kind} within {timeout_s} s; got {[e for _, e in self._received.events]}"
         )
 
     async def silence(self, seconds: float, frame_ms: int = 20) -> None:
         """Stream silence for a while, as a live microphone would."""
-        with contextlib.suppress(TimeoutError):
-            await self.silence_until("", seconds, frame_ms, predicate=lambda _: False)
+        await self.silence_while(lambda: True, seconds, frame_ms)
 
     async def wait_for(
         self,
@@ -195,20 +232,33 @@ class StreamClient:
         return None
 
     async def _read(self) -> None:
-        async for message in self.ws:
-            now = time.monotonic()
-            received = self._received
-            if isinstance(message, bytes):
-                if received.first_audio_at is None:
-                    received.first_audio_at = now
-                received.last_audio_at = now
-                received.audio.extend(message)
-            else:
-                event = json.loads(message)
-                received.events.append((now, event))
-                if self.on_event is not None:
-                    self.on_event(event)
+        try:
+            async for message in self.ws:
+                self._on_frame(time.monotonic(), message)
+        except websockets.ConnectionClosed:
+            pass  # recorded below, as a clean close is
+        finally:
+            self.close_code = self.ws.close_code
+            self.closed.set()
             self._changed.set()
+
+    def _on_frame(self, now: float, message: str | bytes) -> None:
+        received = self._received
+        if isinstance(message, bytes):
+            if received.first_audio_at is None:
+                received.first_audio_at = now
+            received.last_audio_at = now
+            received.audio.extend(message)
+            if self.on_message is not None:
+                self.on_message(now, message)
+        else:
+            event = json.loads(message)
+            received.events.append((now, event))
+            if self.on_event is not None:
+                self.on_event(event)
+            if self.on_message is not None:
+                self.on_message(now, event)
+        self._changed.set()
 
 
 async def talk(url: str, wav: Path, out: Path | None, timeout_s: float = 30.0) -> Received:
