@@ -1,0 +1,92 @@
+"""PNG plots of a load test: latency CDFs per stage, and percentiles against concurrency.
+
+matplotlib with the Agg backend (no display needed); it is imported only when plots
+are asked for.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from services.common.loadstats import STAGES
+
+CDF_FILE = "latency_cdf.png"
+PERCENTILES_FILE = "latency_vs_sessions.png"
+
+
+def write_plots(result: dict[str, Any], folder: Path) -> list[Path]:
+    """Both figures of a results file into `folder`; their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    folder.mkdir(parents=True, exist_ok=True)
+    return [_cdf(result, folder / CDF_FILE), _percentiles(result, folder / PERCENTILES_FILE)]
+
+
+def _grid(title: str) -> tuple[Any, list[Any]]:
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(2, 3, figsize=(15, 8), constrained_layout=True)
+    figure.suptitle(title)
+    return figure, list(axes.flat)
+
+
+def _save(figure: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+def _cdf(result: dict[str, Any], path: Path) -> Path:
+    """One panel per stage, one line per concurrency level."""
+    figure, axes = _grid("Latency CDF per stage (client side), one line per concurrency level")
+    for axis, stage in zip(axes, STAGES, strict=True):
+        for level in result["levels"]:
+            values = sorted(level["samples_ms"].get(stage, []))
+            if values:
+                shares = [(i + 1) / len(values) for i in range(len(values))]
+                axis.step(values, shares, where="post", label=f"{level['sessions']} sessions")
+        _slo(axis, result, stage, vertical=True)
+        axis.set_title(stage)
+        axis.set_xlabel("ms")
+        axis.set_ylabel("fraction of turns")
+        axis.set_ylim(0, 1.02)
+        axis.grid(alpha=0.3)
+        if axis.has_data():
+            axis.legend(fontsize="small")
+    return _save(figure, path)
+
+
+def _percentiles(result: dict[str, Any], path: Path) -> Path:
+    """One panel per stage: p50, p95 and p99 against the number of sessions."""
+    figure, axes = _grid("Latency percentiles per stage against concurrent sessions")
+    sessions = [level["sessions"] for level in result["levels"]]
+    for axis, stage in zip(axes, STAGES, strict=True):
+        for key, style in (("p50", "o-"), ("p95", "s-"), ("p99", "^-")):
+            points = [
+                (n, level["stages_ms"][stage][key])
+                for n, level in zip(sessions, result["levels"], strict=True)
+                if level["stages_ms"][stage][key] is not None
+            ]
+            if points:
+                axis.plot(*zip(*points, strict=True), style, label=key)
+        _slo(axis, result, stage, vertical=False)
+        axis.set_title(stage)
+        axis.set_xticks(sessions)
+        axis.set_xlabel("concurrent sessions")
+        axis.set_ylabel("ms")
+        axis.grid(alpha=0.3)
+        if axis.has_data():
+            axis.legend(fontsize="small")
+    return _save(figure, path)
+
+
+def _slo(axis: Any, result: dict[str, Any], stage: str, vertical: bool) -> None:
+    if stage != "voice_to_voice":
+        return
+    slo = result["config"]["slo_voice_to_voice_ms"]
+    line = axis.axvline if vertical else axis.axhline
+    line(slo, color="red", linestyle="--", linewidth=1, label=f"SLO {slo:.0f} ms")

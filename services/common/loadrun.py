@@ -1,0 +1,175 @@
+"""Running one load level: its sessions in this process, or spread over worker processes.
+
+Each worker runs its share of the sessions (session i goes to worker i mod K) on its
+own event loop, against one shared timeline (a wall-clock start), reports progress
+through a queue, and returns a `LevelPart`; the parent merges them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
+from typing import Any, Final
+
+from services.common.loadlevel import LevelPart
+from services.common.loaduser import Live, SessionRun, User, UserPlan, Window
+
+LAG_PERIOD_S: Final = 0.05
+REPORT_EVERY_S: Final = 0.5
+
+
+@dataclass(frozen=True)
+class LevelJob:
+    """One worker's share of one level."""
+
+    plan: UserPlan
+    sessions: int
+    indices: tuple[int, ...]
+    epoch: float  # time.time() at which the level (its ramp) starts
+    ramp_s: float
+    duration_s: float
+
+    def window(self) -> Window:
+        start = time.monotonic() + (self.epoch - time.time())
+        return Window(start, self.ramp_s, self.duration_s, self.sessions)
+
+
+@dataclass
+class Snapshot:
+    """Progress of the whole level, as the progress line shows it."""
+
+    up: int = 0
+    turns: int = 0
+    errors: int = 0
+    v2v_ms: list[float] | None = None
+
+
+Progress = Callable[[Snapshot], None]
+
+
+async def run_share(job: LevelJob, live: Live) -> LevelPart:
+    """Run this share's sessions to their end; the figures of all of them."""
+    window = job.window()
+    lags: list[float] = []
+    sampler = asyncio.create_task(_sample_lag(lags), name="loop-lag")
+    try:
+        results = await asyncio.gather(
+            *(User(job.plan, window, i, live).run() for i in job.indices), return_exceptions=True
+        )
+    finally:
+        sampler.cancel()
+    part = LevelPart(loop_lag_ms=lags)
+    for result in results:
+        if isinstance(result, SessionRun):
+            part.add_session(result)
+        else:
+            traceback.print_exception(result, file=sys.stderr)
+            part.attempts += 1
+            part.errors["client_exception"] += 1
+    return part
+
+
+async def _sample_lag(samples: list[float]) -> None:
+    while True:
+        due = time.monotonic() + LAG_PERIOD_S
+        await asyncio.sleep(LAG_PERIOD_S)
+        samples.append(max(0.0, time.monotonic() - due) * 1000)
+
+
+async def run_local(job: LevelJob, progress: Progress) -> LevelPart:
+    """The whole level on this process's loop, calling `progress` as it goes."""
+    live = Live()
+    reporter = asyncio.create_task(_report(live, progress), name="progress")
+    try:
+        return await run_share(job, live)
+    finally:
+        reporter.cancel()
+
+
+async def _report(live: Live, progress: Progress) -> None:
+    while True:
+        progress(Snapshot(live.up, live.turns, live.errors, list(live.v2v_ms)))
+        await asyncio.sleep(REPORT_EVERY_S)
+
+
+# ---------------------------------------------------------------------- workers
+
+_QUEUE: Any = None
+
+
+def _init_worker(progress_queue: Any) -> None:
+    global _QUEUE
+    _QUEUE = progress_queue
+
+
+def _worker(job: LevelJob, worker: int) -> LevelPart:
+    """A worker process's share of one level."""
+    sent = 0
+
+    def report(snapshot: Snapshot) -> None:
+        nonlocal sent
+        fresh = (snapshot.v2v_ms or [])[sent:]
+        sent += len(fresh)
+        _QUEUE.put((worker, snapshot.up, snapshot.turns, snapshot.errors, fresh))
+
+    return asyncio.run(run_local(job, report))
+
+
+class Workers:
+    """K worker processes kept for the whole run."""
+
+    def __init__(self, count: int) -> None:
+        context = get_context("spawn")
+        self.count = count
+        self.queue = context.Queue()
+        self.pool = ProcessPoolExecutor(
+            count, mp_context=context, initializer=_init_worker, initargs=(self.queue,)
+        )
+
+    def run(self, jobs: list[LevelJob], progress: Progress) -> LevelPart:
+        futures = [self.pool.submit(_worker, job, w) for w, job in enumerate(jobs)]
+        state: dict[int, tuple[int, int, int]] = {}
+        v2v: list[float] = []
+        while not all(f.done() for f in futures):
+            for worker, up, turns, errors, fresh in self._drain():
+                state[worker] = (up, turns, errors)
+                v2v.extend(fresh)
+            totals = [sum(column) for column in zip(*state.values(), strict=False)] or [0, 0, 0]
+            progress(Snapshot(totals[0], totals[1], totals[2], v2v))
+        for _ in self._drain(wait=False):
+            pass  # late reports of this level must not count in the next
+        return _merged(futures)
+
+    def _drain(self, wait: bool = True) -> Iterator[tuple[int, int, int, int, list[float]]]:
+        """Progress reports waiting in the queue (after up to one report period)."""
+        with contextlib.suppress(queue.Empty):
+            if wait:
+                yield self.queue.get(timeout=REPORT_EVERY_S)
+            while True:
+                yield self.queue.get_nowait()
+
+    def close(self) -> None:
+        self.pool.shutdown(cancel_futures=True)
+
+
+def _merged(futures: list[Future[LevelPart]]) -> LevelPart:
+    part = LevelPart()
+    for future in futures:
+        part.merge(future.result())
+    return part
+
+
+def split(
+    plan: UserPlan, sessions: int, workers: int, epoch: float, ramp_s: float, duration_s: float
+) -> list[LevelJob]:
+    """One job per worker that has sessions (session i → worker i mod K)."""
+    shares = [tuple(range(w, sessions, workers)) for w in range(min(workers, sessions))]
+    return [LevelJob(plan, sessions, share, epoch, ramp_s, duration_s) for share in shares]

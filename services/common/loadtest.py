@@ -1,0 +1,317 @@
+"""`voice-agent loadtest`: N concurrent simulated users against the gateway's /v1/stream.
+
+    voice-agent loadtest --sessions 1,5,10,20 --duration 60 --out loadtest.json --plots plots/
+
+Each level of `--sessions` runs in turn: sessions start spread over `--ramp` seconds,
+then `--duration` seconds are measured. Users speak at real-time pace, wait for the
+agent's reply (or talk over it), pause and go on. The results file (docs/loadtest.md)
+has per-stage latencies, errors by code, word accuracy, server figures and every
+break of the wire contract. Exit status: 0 fine; 1 the service broke the contract or
+the error rate passed `--max-error-rate`; 2 a usage error or no connection at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shlex
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Final
+
+from services.common.client import StreamClient
+from services.common.loadcorpus import CorpusError, Utterance, espeak_corpus, folder_corpus
+from services.common.loadlevel import LevelPart, level_report, mark_bottlenecks
+from services.common.loadprogress import ProgressLine
+from services.common.loadrun import Workers, run_local, split
+from services.common.loadserver import Sample, Services, engine_ms, http_base, server_report
+from services.common.loaduser import UserPlan
+from services.common.report import stamped
+
+DEFAULT_URL: Final = "ws://127.0.0.1:8000/v1/stream"
+START_MARGIN_S: Final = {"local": 0.2, "workers": 3.0}
+"""Time to get every session's process ready before a level's clock starts."""
+CLIENT_LAG_WARN_MS: Final = 50.0
+"""Audio frames leaving this late (p99) mean the client, not the service, is the limit."""
+
+
+# ---------------------------------------------------------------------- arguments
+
+
+def _sessions(text: str) -> list[int]:
+    try:
+        levels = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        levels = []
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError("a positive number or a comma list such as 1,5,10,20")
+    return levels
+
+
+def _pause(text: str) -> tuple[float, float]:
+    try:
+        low, high = (float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError("MIN,MAX in seconds, such as 1,3") from None
+    if not 0 <= low <= high:
+        raise argparse.ArgumentTypeError("need 0 <= MIN <= MAX")
+    return low, high
+
+
+def _bounded(kind: type[float] | type[int], low: float, high: float) -> Any:
+    def parse(text: str) -> float:
+        value = kind(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be between {low:g} and {high:g}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--url", default=DEFAULT_URL, help=f"the gateway's /v1/stream (default {DEFAULT_URL})")
+    add("--sessions", type=_sessions, default=[1], help="concurrent sessions: N or a list 1,5,10")
+    add("--ramp", type=_bounded(float, 0, 3600), default=5.0, help="seconds to start sessions")
+    add("--duration", type=_bounded(float, 1, 86400), default=60.0, help="measured s per level")
+    add("--audio", type=Path, help="folder of .wav (+ NAME.txt scripts); default: espeak-ng")
+    add("--barge-in-rate", type=_bounded(float, 0, 1), default=0.2, help="share of turns")
+    add("--pause", type=_pause, default=(1.0, 3.0), help="MIN,MAX seconds between turns")
+    add("--frame-ms", type=_bounded(int, 10, 1000), default=20, help="audio frame size")
+    add("--workers", type=_bounded(int, 1, 256), default=1, help="client processes")
+    add("--asr-url", help="the ASR service's base URL (its /health and /metrics are sampled)")
+    add("--tts-url", help="the TTS service's base URL (its /health and /metrics are sampled)")
+    add("--slo-ms", type=_bounded(float, 1, 600_000), default=2000.0, help="v2v p95 target")
+    add("--max-error-rate", type=_bounded(float, 0, 1), default=0.05, help="errors per turn")
+    add("--reply-timeout", type=_bounded(float, 1, 600), default=20.0, help="s to await a reply")
+    add("--seed", type=int, default=0, help="what each user says and when it barges in")
+    add("--out", type=Path, help="results JSON (docs/loadtest.md)")
+    add("--plots", type=Path, help="folder for the PNG plots")
+
+
+def add_loadtest_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register `loadtest` on the CLI's subcommands."""
+    summary = __doc__.split("\n")[0] if __doc__ else "load test"
+    parser = sub.add_parser(
+        "loadtest",
+        help="concurrent simulated users against /v1/stream",
+        description=summary,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> None:
+    """The CLI's entry: exits with the load test's status."""
+    command_line = shlex.join(["voice-agent", *sys.argv[1:]])
+    status = execute(args, command_line)
+    if status:
+        raise SystemExit(status)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="voice-agent loadtest", formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    add_arguments(parser)
+    words = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(words)
+    return execute(args, shlex.join(["voice-agent", "loadtest", *words]))
+
+
+# ---------------------------------------------------------------------- the run
+
+
+def _fail(message: str) -> int:
+    print(f"voice-agent loadtest: error: {message}", file=sys.stderr, flush=True)
+    return 2
+
+
+async def _probe(url: str) -> None:
+    """One session opened and closed: the gateway answers at all."""
+    async with StreamClient(url) as client:
+        await client.send({"type": "session.close"})
+
+
+def execute(args: argparse.Namespace, command_line: str) -> int:
+    """Run every level; write the results and plots; the exit status."""
+    if not str(args.url).startswith(("ws://", "wss://")):
+        return _fail(f"--url must be ws:// or wss://, not {args.url!r}")
+    try:
+        corpus = folder_corpus(args.audio) if args.audio else espeak_corpus()
+    except CorpusError as exc:
+        return _fail(str(exc))
+    try:
+        asyncio.run(_probe(args.url))
+    except Exception as exc:
+        return _fail(f"cannot open a session at {args.url}: {exc!r}")
+    services = Services({"gateway": http_base(args.url), "asr": args.asr_url, "tts": args.tts_url})
+    target = {name: s.health if s else None for name, s in services.sample().items()}
+    levels = _run_levels(args, _plan(args, corpus), services)
+    result = _result(args, corpus, target, levels)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        body = json.dumps(stamped(result, command_line), indent=2) + "\n"
+        args.out.write_text(body, encoding="utf-8")
+    if args.plots:
+        from services.common.loadplots import write_plots
+
+        write_plots(result, args.plots)
+    print(summary_text(result), flush=True)
+    return 0 if result["ok"] else 1
+
+
+def _plan(args: argparse.Namespace, corpus: list[Utterance]) -> UserPlan:
+    return UserPlan(
+        url=args.url,
+        corpus=tuple(corpus),
+        frame_ms=args.frame_ms,
+        barge_in_rate=args.barge_in_rate,
+        pause_s=args.pause,
+        reply_timeout_s=args.reply_timeout,
+        seed=args.seed,
+    )
+
+
+def _run_levels(
+    args: argparse.Namespace, plan: UserPlan, services: Services
+) -> list[dict[str, Any]]:
+    progress = ProgressLine(levels=len(args.sessions))
+    workers = Workers(args.workers) if args.workers > 1 else None
+    levels = []
+    try:
+        for sessions in args.sessions:
+            margin = START_MARGIN_S["workers" if workers else "local"]
+            epoch = time.time() + margin
+            jobs = split(plan, sessions, args.workers, epoch, args.ramp, args.duration)
+            before = _LaterSample(services, epoch + args.ramp - time.time())
+            progress.start_level(sessions, epoch, args.ramp, args.duration)
+            if workers is None:
+                part: LevelPart = asyncio.run(run_local(jobs[0], progress))
+            else:
+                part = workers.run(jobs, progress)
+            progress.end_level()
+            after = services.sample(window_s=time.time() - epoch)
+            before.join()
+            levels.append(
+                level_report(
+                    part,
+                    sessions,
+                    args.duration,
+                    args.slo_ms,
+                    engine_ms(before.sample, after),
+                    server_report(before.sample, after),
+                )
+            )
+            print(level_line(levels[-1]), file=sys.stderr, flush=True)
+            _warn_if_client_lagged(levels[-1])
+    finally:
+        if workers is not None:
+            workers.close()
+    return levels
+
+
+def _warn_if_client_lagged(level: dict[str, Any]) -> None:
+    lag = level["client"]["send_lag_ms"]["p99"]
+    if lag is not None and lag > CLIENT_LAG_WARN_MS:
+        print(
+            f"warning: the load generator itself fell behind (send lag p99 {lag:.0f} ms): "
+            "latencies are overstated; use more --workers or another machine",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+class _LaterSample(threading.Thread):
+    """The services sampled when the measured window opens (after the ramp's warm-up)."""
+
+    def __init__(self, services: Services, delay_s: float) -> None:
+        super().__init__(name="sample-services", daemon=True)
+        self.services, self.delay_s = services, delay_s
+        self.sample: dict[str, Sample | None] = {}
+        self.start()
+
+    def run(self) -> None:
+        time.sleep(max(0.0, self.delay_s))
+        self.sample = self.services.sample()
+
+
+def _result(
+    args: argparse.Namespace,
+    corpus: list[Utterance],
+    target: dict[str, Any],
+    levels: list[dict[str, Any]],
+) -> dict[str, Any]:
+    breaks_at, bottleneck = mark_bottlenecks(levels)
+    violations = [v for level in levels for v in level.pop("contract_violations")]
+    too_many_errors = any(level["error_rate"] > args.max_error_rate for level in levels)
+    return {
+        "benchmark": "loadtest",
+        "target": {"url": args.url, **target},
+        "config": {
+            "sessions": args.sessions,
+            "ramp_s": args.ramp,
+            "duration_s": args.duration,
+            "barge_in_rate": args.barge_in_rate,
+            "corpus": str(args.audio) if args.audio else "espeak",
+            "utterances": len(corpus),
+            "frame_ms": args.frame_ms,
+            "pause_s": list(args.pause),
+            "workers": args.workers,
+            "slo_voice_to_voice_ms": args.slo_ms,
+            "max_error_rate": args.max_error_rate,
+            "seed": args.seed,
+        },
+        "levels": levels,
+        "breaks_at": breaks_at,
+        "bottleneck": bottleneck,
+        "contract_violations": violations,
+        "ok": not violations and not too_many_errors,
+    }
+
+
+# ---------------------------------------------------------------------- text
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+def level_line(level: dict[str, Any]) -> str:
+    """One level in one line."""
+    stages = level["stages_ms"]
+    v2v, asr = stages["voice_to_voice"], stages["asr"]
+    accuracy = level["word_accuracy"]["mean"]
+    errors = ", ".join(f"{k} {v}" for k, v in level["errors"].items()) or "none"
+    return (
+        f"{level['sessions']} sessions: {level['turns']} turns "
+        f"({level['turns_completed']} answered, {level['barge_ins']} barge-ins), "
+        f"v2v p50/p95 {_ms(v2v['p50'])}/{_ms(v2v['p95'])} ms, "
+        f"asr p95 {_ms(asr['p95'])} ms, "
+        f"words {'-' if accuracy is None else f'{accuracy:.2f}'}, errors: {errors}, "
+        f"{'real time OK' if level['realtime_ok'] else 'NOT real time'}"
+    )
+
+
+def summary_text(result: dict[str, Any]) -> str:
+    """What the run found, for the terminal."""
+    lines = [level_line(level) for level in result["levels"]]
+    if result["breaks_at"] is not None:
+        lines.append(
+            f"breaks at {result['breaks_at']} sessions (bottleneck: {result['bottleneck']})"
+        )
+    violations = result["contract_violations"]
+    lines.extend(f"contract violation: {v}" for v in violations[:20])
+    if len(violations) > 20:
+        lines.append(f"... and {len(violations) - 20} more contract violations")
+    lines.append("OK" if result["ok"] else "FAILED")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,215 @@
+"""One simulated user: speaks at real-time pace, waits for the agent (or talks over it),
+pauses, and goes on until the level's measured window is over.
+
+Between utterances it streams silence, as a live microphone does. Everything the
+server sends goes to a `Conversation`, which the level later turns into figures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from dataclasses import dataclass, field
+
+import websockets
+
+from services.common.client import StreamClient
+from services.common.loadcheck import Conversation, Response
+from services.common.loadcorpus import RATE, Utterance
+from services.common.loadstats import TurnRecord, answer, turn_utterances
+
+LEAD_SILENCE_MS = 300
+"""Silence before each utterance (a microphone hears some); none when barging in."""
+BARGE_IN_DELAY_S = (0.1, 0.4)
+"""How long into the agent's audio a barging-in user starts talking."""
+CLOSE_WAIT_S = 5.0
+
+
+@dataclass(frozen=True)
+class UserPlan:
+    """How every user of a run behaves."""
+
+    url: str
+    corpus: tuple[Utterance, ...]
+    frame_ms: int = 20
+    barge_in_rate: float = 0.0
+    pause_s: tuple[float, float] = (1.0, 3.0)
+    reply_timeout_s: float = 20.0
+    drain_timeout_s: float = 20.0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Window:
+    """One level's timeline (time.monotonic): a ramp, then the measured window."""
+
+    start: float
+    ramp_s: float
+    duration_s: float
+    sessions: int
+
+    def start_of(self, index: int) -> float:
+        return self.start + self.ramp_s * index / max(1, self.sessions)
+
+    @property
+    def measured_from(self) -> float:
+        return self.start + self.ramp_s
+
+    @property
+    def until(self) -> float:
+        return self.measured_from + self.duration_s
+
+
+@dataclass
+class Live:
+    """What this process's sessions have done so far, for the progress line."""
+
+    up: int = 0
+    turns: int = 0
+    errors: int = 0
+    v2v_ms: list[float] = field(default_factory=list)
+
+
+@dataclass
+class SessionRun:
+    """One session's record."""
+
+    conversation: Conversation
+    turns: list[TurnRecord] = field(default_factory=list)
+    send_lag_ms: list[float] = field(default_factory=list)
+    connect_error: str | None = None
+    timeouts: int = 0
+
+
+class User:
+    """One session of the load: `await User(...).run()`."""
+
+    def __init__(self, plan: UserPlan, window: Window, index: int, live: Live) -> None:
+        self.plan = plan
+        self.window = window
+        self.index = index
+        self.live = live
+        self.rng = random.Random(plan.seed * 1_000_003 + index)  # noqa: S311 (a simulation)
+        self.record = SessionRun(Conversation())
+        self._next = self.rng.randrange(len(plan.corpus))
+
+    async def run(self) -> SessionRun:
+        await asyncio.sleep(max(0.0, self.window.start_of(self.index) - time.monotonic()))
+        conversation = self.record.conversation
+        client = StreamClient(self.plan.url, on_message=conversation.feed)
+        try:
+            await client.__aenter__()
+        except websockets.ConnectionClosed as exc:
+            code = exc.rcvd.code if exc.rcvd is not None else 1006
+            return self._failed(f"closed_{code}")
+        except Exception:
+            return self._failed("connect_failed")
+        conversation.start(client.session)
+        self.live.up += 1
+        try:
+            await self._session(client)
+        finally:
+            self.live.up -= 1
+            self.record.send_lag_ms = client.send_lag_ms
+            await client.__aexit__()
+        return self.record
+
+    def _failed(self, code: str) -> SessionRun:
+        self.record.connect_error = code
+        self.live.errors += 1
+        return self.record
+
+    async def _session(self, client: StreamClient) -> None:
+        conversation = self.record.conversation
+        asked = False
+        try:
+            await self._converse(client)
+            settled = conversation.settled
+            await client.silence_while(lambda: not settled(), self.plan.drain_timeout_s)
+            await client.send({"type": "session.close"})
+            asked = True
+            async with asyncio.timeout(CLOSE_WAIT_S):
+                await client.closed.wait()
+        except (websockets.ConnectionClosed, TimeoutError):
+            pass
+        if not asked:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.0):
+                    await client.closed.wait()  # the reader records how it ended
+        conversation.connection_closed(client.close_code, asked)
+        conversation.finish()
+        self.live.errors += len(conversation.errors) + self.record.timeouts
+
+    async def _converse(self, client: StreamClient) -> None:
+        plan, barge = self.plan, False
+        while time.monotonic() < self.window.until and not client.closed.is_set():
+            now = time.monotonic()
+            utterance = self._utterance()
+            turn = TurnRecord(utterance.script, now, barge, self.window.measured_from <= now)
+            self.record.turns.append(turn)
+            client.new_turn()  # the client's own per-turn buffer: keep it small
+            lead = 0 if barge else LEAD_SILENCE_MS
+            spoken = await client.speak(utterance.audio, RATE, plan.frame_ms, lead)
+            turn.last_sent_at = spoken.last_speech_sent_at
+            response = await self._answer(client, turn)
+            barge = response is not None and self.rng.random() < plan.barge_in_rate
+            if response is not None and barge:
+                barge = await self._wait_to_barge_in(client, response)
+            if response is not None and not barge:
+                await self._until_done(client, response)
+            self._count(response, turn)
+            if not barge:
+                await client.silence(self.rng.uniform(*plan.pause_s), plan.frame_ms)
+
+    async def _until_done(self, client: StreamClient, response: Response) -> None:
+        timeout_s, frame_ms = self.plan.reply_timeout_s, self.plan.frame_ms
+        ended = await client.silence_while(lambda: response.done_at is None, timeout_s, frame_ms)
+        self.record.timeouts += not ended
+
+    def _utterance(self) -> Utterance:
+        corpus = self.plan.corpus
+        utterance = corpus[self._next % len(corpus)]
+        self._next += 1
+        return utterance
+
+    async def _answer(self, client: StreamClient, turn: TurnRecord) -> Response | None:
+        """Stream silence until the turn is answered (or ends without an answer)."""
+        conversation = self.record.conversation
+        found: list[Response | None] = []
+
+        def waiting() -> bool:
+            mine = turn_utterances(conversation, turn.started_at)
+            response = answer(conversation, mine)
+            end = mine[-1] if mine else None
+            unanswerable = end is not None and end.final_at is not None and not end.text.strip()
+            failed = any(at >= (turn.last_sent_at or 0.0) for at, _ in conversation.errors)
+            if response is not None or unanswerable or failed:
+                found.append(response)
+                return False
+            return True
+
+        resolved = await client.silence_while(
+            waiting, self.plan.reply_timeout_s, self.plan.frame_ms
+        )
+        self.record.timeouts += not resolved
+        return found[-1] if found else None
+
+    async def _wait_to_barge_in(self, client: StreamClient, response: Response) -> bool:
+        """Wait for the agent's audio, let it play a moment; True if it is still playing."""
+        frame_ms = self.plan.frame_ms
+        await client.silence_while(
+            lambda: response.first_audio_at is None and response.playing,
+            self.plan.reply_timeout_s,
+            frame_ms,
+        )
+        if response.first_audio_at is None or not response.playing:
+            return False
+        await client.silence(self.rng.uniform(*BARGE_IN_DELAY_S), frame_ms)
+        return response.playing and time.monotonic() < self.window.until
+
+    def _count(self, response: Response | None, turn: TurnRecord) -> None:
+        self.live.turns += 1
+        if response is not None and response.first_audio_at is not None and turn.last_sent_at:
+            self.live.v2v_ms.append((response.first_audio_at - turn.last_sent_at) * 1000)

@@ -1,0 +1,166 @@
+"""`voice-agent loadtest` end to end: against the real lite stack, and against a gateway
+that breaks the wire contract on purpose."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import wave
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from websockets.asyncio.server import ServerConnection, serve
+
+from services.common.loadtest import main
+from services.common.redis_server import free_port
+from tests.conftest import Stack
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_loadtest_against_the_lite_stack(lite_stack: Stack, tmp_path: Path) -> None:
+    out, plots = tmp_path / "loadtest.json", tmp_path / "plots"
+    status = main(
+        [
+            *("--url", lite_stack.stream_url),
+            *("--asr-url", lite_stack.asr.http, "--tts-url", lite_stack.tts.http),
+            *("--sessions", "2", "--ramp", "0.5", "--duration", "7"),
+            *("--pause", "0.3,0.6", "--barge-in-rate", "0.5", "--seed", "3"),
+            *("--out", str(out), "--plots", str(plots)),
+        ]
+    )
+    assert status == 0
+    result = json.loads(out.read_text())
+    assert result["command"].startswith("voice-agent loadtest --url ws://127.0.0.1:")
+    assert result["machine"]["cores"] >= 1 and result["timestamp"].endswith("Z")
+    assert result["benchmark"] == "loadtest" and result["ok"] is True
+    assert result["contract_violations"] == []
+    assert result["target"]["gateway"]["service"] == "gateway"
+    assert result["target"]["asr"]["service"] == "asr"
+    assert result["config"]["corpus"] == "espeak" and result["config"]["utterances"] >= 10
+    (level,) = result["levels"]
+    assert level["sessions"] == 2 and level["turns_completed"] >= 2
+    assert level["errors"] == {}
+    # Real time or not is the machine's business (it is shared); the verdict must follow
+    # from the figures.
+    v2v_p95 = level["stages_ms"]["voice_to_voice"]["p95"]
+    assert level["realtime_ok"] == (v2v_p95 <= 2000 and level["stalled_responses"] == 0)
+    assert (result["breaks_at"] == 2) == (not level["realtime_ok"])
+    for stage in ("end_of_turn", "asr", "response", "voice_to_voice", "gateway_added"):
+        figures = level["stages_ms"][stage]
+        assert figures["count"] >= 2, (stage, figures)
+        assert figures["p50"] <= figures["p95"] <= figures["p99"] <= figures["max"], stage
+        assert len(level["samples_ms"][stage]) == figures["count"]
+    stages = level["stages_ms"]
+    assert stages["end_of_turn"]["p50"] >= 500  # the gateway waits 600 ms of silence
+    assert stages["voice_to_voice"]["p50"] >= stages["end_of_turn"]["p50"]
+    assert level["word_accuracy"]["count"] >= 2 and level["word_accuracy"]["mean"] >= 0.3
+    assert level["engine_ms"] is not None and level["engine_ms"] > 0
+    assert level["client"]["send_lag_ms"]["p50"] is not None
+    assert level["server"]["asr"] is not None and level["server"]["tts"] is not None
+    for name in ("latency_cdf.png", "latency_vs_sessions.png"):
+        assert (plots / name).read_bytes().startswith(PNG)
+
+
+# ---------------------------------------------------------------- a broken gateway
+
+
+class BrokenGateway:
+    """Speaks enough of /v1/stream to hold a conversation, and breaks the contract: two
+    `transcript.final` for every utterance, and agent audio after `response.done`."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"ws://127.0.0.1:{self.port}/v1/stream"
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.stop = asyncio.Event()
+        self.thread = threading.Thread(target=self.loop.run_until_complete, args=(self._main(),))
+
+    def __enter__(self) -> BrokenGateway:
+        self.thread.start()
+        assert self.ready.wait(10)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.loop.call_soon_threadsafe(self.stop.set)
+        self.thread.join(10)
+        self.loop.close()
+
+    async def _main(self) -> None:
+        async with serve(self._session, "127.0.0.1", self.port, compression=None):
+            self.ready.set()
+            await self.stop.wait()
+
+    async def _session(self, ws: ServerConnection) -> None:
+        session = {"id": "broken", "input_sample_rate": 16000, "output_sample_rate": 24000}
+        await send(ws, {"type": "session.created", "session": session})
+        utterance, quiet = 0, -1  # quiet: frames of silence since speech; -1: not speaking
+        async for message in ws:
+            if isinstance(message, str):
+                if json.loads(message).get("type") == "session.close":
+                    await ws.close(1000)
+                continue
+            if any(message):  # user speech (silence arrives as exact zeros)
+                if quiet < 0:
+                    utterance += 1
+                    await send(ws, {"type": "speech.started", "utterance_id": f"u{utterance}"})
+                quiet = 0
+            elif quiet >= 0:
+                quiet += 1
+                if quiet == 10:
+                    await self._answer(ws, f"u{utterance}")
+                    quiet = -1
+
+    async def _answer(self, ws: ServerConnection, uid: str) -> None:
+        await send(ws, {"type": "speech.stopped", "utterance_id": uid, "audio_end_ms": 500})
+        final = {"type": "transcript.final", "utterance_id": uid, "text": "hello world"}
+        await send(ws, final)
+        await send(ws, final)  # broken: exactly one per utterance
+        rid = f"r{uid}"
+        await send(ws, {"type": "response.created", "response_id": rid, "utterance_id": uid})
+        for _ in range(5):
+            await ws.send(bytes(1920))  # 40 ms at 24 kHz
+        await send(ws, {"type": "response.audio.done", "response_id": rid, "audio_ms": 200})
+        await send(ws, {"type": "response.done", "response_id": rid, "status": "completed"})
+        await ws.send(bytes(1920))  # broken: no audio after response.done
+
+
+async def send(ws: ServerConnection, event: dict[str, Any]) -> None:
+    await ws.send(json.dumps(event))
+
+
+def write_noise(folder: Path, name: str, script: str) -> None:
+    """Half a second of loud noise (every frame non-zero) and its script."""
+    samples = np.random.default_rng(1).integers(1000, 8000, 8000, dtype=np.int16)
+    with wave.open(str(folder / f"{name}.wav"), "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(16000)
+        wav.writeframes(samples.tobytes())
+    (folder / f"{name}.txt").write_text(script)
+
+
+def test_contract_violations_exit_1(tmp_path: Path) -> None:
+    write_noise(tmp_path, "hello", "hello world")
+    out = tmp_path / "loadtest.json"
+    with BrokenGateway() as gateway:
+        status = main(
+            [
+                *("--url", gateway.url, "--audio", str(tmp_path)),
+                *("--sessions", "2", "--workers", "2", "--ramp", "0", "--duration", "1.5"),
+                *("--pause", "0.1,0.2", "--barge-in-rate", "0", "--out", str(out)),
+            ]
+        )
+    assert status == 1
+    result = json.loads(out.read_text())
+    assert result["ok"] is False and result["config"]["workers"] == 2
+    violations = result["contract_violations"]
+    assert "session broken: two transcript.final for utterance u1" in violations
+    assert any("agent audio after response.done" in v for v in violations), violations
+    (level,) = result["levels"]
+    assert level["turns"] >= 2 and level["word_accuracy"]["mean"] == 1.0  # first final counts
+    assert level["stages_ms"]["voice_to_voice"]["count"] >= 2
+    assert level["server"]["gateway"] is None  # no /health there
