@@ -16,7 +16,7 @@ from services.common.errors import CapacityError, VoiceAgentError
 from services.common.events import SessionConfig, SessionCreated
 from services.common.jobs import BusResult
 from services.common.lifecycle import Background
-from services.common.listener import Listener
+from services.common.listener import HearingBatcher, Listener
 from services.common.service import ServiceState, install_ops
 from services.common.vad import SileroVad
 from services.common.ws import Channel, Disconnected
@@ -54,8 +54,15 @@ def create_app(
     sessions: dict[str, Session] = {}
     store = SessionStore(redis, settings.redis.prefix, section.resume_window_s)
     state = ServiceState(service="gateway", redis=redis, engine="silero-vad", model="silero_vad_v6")
-    state.extra = lambda: {"gateway_id": gateway_id, "sessions": len(sessions)}
     vad_holder: dict[str, SileroVad] = {}
+    hearing: dict[str, HearingBatcher] = {}
+
+    def extra() -> dict[str, object]:
+        batcher = hearing.get("batcher")
+        mean = batcher.streams_run / batcher.calls if batcher and batcher.calls else None
+        return {"gateway_id": gateway_id, "sessions": len(sessions), "vad_batch_mean": mean}
+
+    state.extra = extra
     background = Background()
 
     def deliver(result: BusResult, audio: bytes | None) -> None:
@@ -68,6 +75,8 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         vad_holder["vad"] = await asyncio.to_thread(SileroVad)
+        if section.batch_vad:
+            hearing["batcher"] = HearingBatcher(vad_holder["vad"])
         try:
             await bus.reset()
         except Exception as exc:
@@ -105,7 +114,9 @@ def create_app(
         if restored is not None and restored[0].id not in sessions:
             config, history = restored
             config = config.model_copy(update={"resumed": True})
-        listener = Listener(vad_holder["vad"], settings.vad, config.input_sample_rate)
+        listener = Listener(
+            vad_holder["vad"], settings.vad, config.input_sample_rate, hearing.get("batcher")
+        )
         state.connection_opened()
         metrics.SESSIONS.inc()
         try:

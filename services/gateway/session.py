@@ -161,7 +161,7 @@ class Session:
                 frame = await self.channel.receive()
                 try:
                     if frame.data is not None:
-                        await self._on_turn_events(self.listener.push(frame.data))
+                        await self._on_turn_events(await self.listener.push_batched(frame.data))
                         await self._check_barge_in()
                         await self._maybe_partial()
                     else:

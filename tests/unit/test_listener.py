@@ -1,11 +1,18 @@
-"""When the shared listener says a partial transcript is due."""
+"""The shared listener: when a partial is due, and hearing many sessions in one VAD call."""
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 
-from services.common.listener import Listener
+from services.common.audio import float_to_pcm16
+from services.common.listener import HearingBatcher, Listener
+from services.common.turns import TurnEvent
 from services.common.vad import WINDOW, SileroVad, VadSettings
+from tests.speech import speak
+
+SENTENCE = "the weather is nice today"
 
 
 def feed(listener: Listener, probs: list[float]) -> None:
@@ -27,3 +34,29 @@ def test_partial_due_only_while_speaking_and_after_the_interval() -> None:
     assert not listener.partial_due(0, 500)
     feed(listener, [0.9] * 2)  # speaking again
     assert listener.partial_due(0, 500)
+
+
+async def test_batched_hearing_gives_each_listener_what_hearing_alone_gives() -> None:
+    vad = SileroVad()
+    settings = VadSettings()
+    speech = float_to_pcm16(np.concatenate([np.zeros(8000, np.float32), speak(SENTENCE)]))
+    speech += bytes(2 * 16000)  # a second of silence: the turn ends
+    frames = [speech[i : i + 640] for i in range(0, len(speech), 640)]  # 20 ms
+
+    alone = Listener(vad, settings, 16000)
+    expected = [event for frame in frames for event in alone.push(frame)]
+    assert [type(e).__name__ for e in expected] == ["SpeechStart", "SpeechEnd"]
+
+    batcher = HearingBatcher(vad)
+    listeners = [Listener(vad, settings, 16000, batcher) for _ in range(6)]
+
+    async def session(listener: Listener, offset: int) -> list[TurnEvent]:
+        await asyncio.sleep(offset * 0.001)  # sessions out of step with each other
+        return [event for frame in frames for event in await listener.push_batched(frame)]
+
+    heard = await asyncio.gather(*(session(listener, i) for i, listener in enumerate(listeners)))
+    for events in heard:
+        assert [(type(e), e.start_ms) for e in events] == [(type(e), e.start_ms) for e in expected]
+        assert np.array_equal(events[-1].audio, expected[-1].audio)  # type: ignore[union-attr]
+    assert batcher.streams_run == 6 * len(frames)
+    assert batcher.calls < 2 * len(frames)  # several sessions per model call
