@@ -227,7 +227,11 @@ class Conversation:
             return
         self.closed_by_server = True
         if code not in LEGIT_CLOSE_CODES:
-            text = f"connection closed unexpectedly (code {code})"
+            text = (
+                f"session.close answered with close code {code}"
+                if asked
+                else f"connection closed unexpectedly (code {code})"
+            )
             self._violate("close", str(code), text)
 
     def settled(self) -> bool:

@@ -139,6 +139,9 @@ def test_unexpected_close_is_a_violation_but_capacity_is_only_an_error() -> None
     assert fed(close=1011, asked=False).violations == [
         "session s1: connection closed unexpectedly (code 1011)"
     ]
+    assert fed(close=None, asked=True).violations == [
+        "session s1: session.close answered with close code None"
+    ]
     at_capacity = fed(close=1013, asked=False)
     assert at_capacity.violations == [] and at_capacity.closed_by_server
 
