@@ -68,8 +68,13 @@ class Live:
 
     up: int = 0
     turns: int = 0
-    errors: int = 0
+    failures: int = 0  # failed connections and timeouts
     v2v_ms: list[float] = field(default_factory=list)
+    conversations: list[Conversation] = field(default_factory=list)
+
+    @property
+    def errors(self) -> int:
+        return self.failures + sum(len(c.errors) for c in self.conversations)
 
 
 @dataclass
@@ -107,6 +112,7 @@ class User:
         except Exception:
             return self._failed("connect_failed")
         conversation.start(client.session)
+        self.live.conversations.append(conversation)
         self.live.up += 1
         try:
             await self._session(client)
@@ -118,7 +124,7 @@ class User:
 
     def _failed(self, code: str) -> SessionRun:
         self.record.connect_error = code
-        self.live.errors += 1
+        self.live.failures += 1
         return self.record
 
     async def _session(self, client: StreamClient) -> None:
@@ -140,7 +146,7 @@ class User:
                     await client.closed.wait()  # the reader records how it ended
         conversation.connection_closed(client.close_code, asked)
         conversation.finish()
-        self.live.errors += len(conversation.errors) + self.record.timeouts
+        self.live.failures += self.record.timeouts
 
     async def _converse(self, client: StreamClient) -> None:
         plan, barge = self.plan, False
