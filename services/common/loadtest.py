@@ -74,7 +74,7 @@ def _bounded(kind: type[float] | type[int], low: float, high: float) -> Any:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
-    add("--url", default=DEFAULT_URL, help=f"the gateway's /v1/stream (default {DEFAULT_URL})")
+    add("--url", default=DEFAULT_URL, help="the gateway's /v1/stream")
     add("--sessions", type=_sessions, default=[1], help="concurrent sessions: N or a list 1,5,10")
     add("--ramp", type=_bounded(float, 0, 3600), default=5.0, help="seconds to start sessions")
     add("--duration", type=_bounded(float, 1, 86400), default=60.0, help="measured s per level")
