@@ -7,7 +7,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -17,11 +17,19 @@ from services.common.redis_server import free_port, start_redis
 
 
 @contextmanager
-def lite_stack(extra_env: dict[str, str] | None = None) -> Iterator[dict[str, str]]:
-    """Redis + ASR + TTS + gateway on free ports; yields their base URLs."""
+def lite_stack(
+    extra_env: dict[str, str] | None = None, cpus: dict[str, set[int]] | None = None
+) -> Iterator[dict[str, str]]:
+    """Redis + ASR + TTS + gateway on free ports; yields their base URLs.
+
+    `cpus` pins services to cores by name ("redis", "asr", "tts", "gateway").
+    """
+    cpus = cpus or {}
     workdir = Path(tempfile.mkdtemp(prefix="va-bench-"))
     redis_port = free_port()
     redis = start_redis(redis_port, workdir)
+    if "redis" in cpus:
+        os.sched_setaffinity(redis.pid, cpus["redis"])
     ports = {"asr": free_port(), "tts": free_port(), "gateway": free_port()}
     env = {**os.environ, "VA_REDIS__URL": f"redis://127.0.0.1:{redis_port}/0", **(extra_env or {})}
     procs = [
@@ -30,6 +38,7 @@ def lite_stack(extra_env: dict[str, str] | None = None) -> Iterator[dict[str, st
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=open(workdir / f"{name}.log", "wb"),  # noqa: SIM115
+            preexec_fn=_pin(cpus.get(name)),
         )
         for name, port in ports.items()
     ]
@@ -48,9 +57,17 @@ def lite_stack(extra_env: dict[str, str] | None = None) -> Iterator[dict[str, st
                 time.sleep(0.2)
         yield urls
     finally:
-        for proc in procs:
+        for proc in [*procs, redis]:
             proc.terminate()
-        for proc in procs:
-            proc.wait(30)
-        redis.terminate()
-        redis.wait(10)
+        for proc in [*procs, redis]:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+def _pin(cores: set[int] | None) -> Callable[[], None] | None:
+    if not cores:
+        return None
+    return lambda: os.sched_setaffinity(0, cores)
