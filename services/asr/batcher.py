@@ -6,8 +6,9 @@ partials only into the slots left, up to `max_batch`) and runs one model call in
 its own worker thread. Partials never delay a final: a batch of partials alone runs
 interruptibly where the engine can (`InterruptibleEngine`), and a final arriving
 meanwhile stops it; its partials go back to the head of their queue. An engine that
-decodes a batch item by item (`sequential`, pocketsphinx) never gets partials in a
-batch with finals; a truly batched one (faster-whisper) fills free slots with them.
+decodes item by item (`sequential`, pocketsphinx) gets one utterance per call, finals
+first; a truly batched one (faster-whisper) fills a final batch's free slots with
+partials.
 """
 
 from __future__ import annotations
@@ -107,11 +108,11 @@ class Batcher:
 
     def _take_batch(self) -> list[_Waiting]:
         batch: list[_Waiting] = []
-        sources: tuple[deque[_Waiting], ...] = (self._finals, self._partials)
-        if getattr(self.engine, "sequential", False) and self._finals:
-            sources = (self._finals,)  # each item costs its own time: finals alone
-        for source in sources:
-            while source and len(batch) < self.max_batch:
+        # An engine that decodes item by item gains nothing from a batch, and every
+        # item would wait for the last: one at a time, so each result leaves at once.
+        limit = 1 if getattr(self.engine, "sequential", False) else self.max_batch
+        for source in (self._finals, self._partials):
+            while source and len(batch) < limit:
                 waiting = source.popleft()
                 if not waiting.future.done():  # the caller may have gone away
                     batch.append(waiting)

@@ -197,18 +197,20 @@ async def test_batches_with_a_final_are_never_interruptible(
     assert engine.batches == [["f0", "p0"]]
 
 
-async def test_a_sequential_engine_gets_finals_alone(running: list[asyncio.Task[None]]) -> None:
+async def test_a_sequential_engine_gets_one_at_a_time_finals_first(
+    running: list[asyncio.Task[None]],
+) -> None:
     engine = FakeEngine(hold_first=True)
     engine.sequential = True  # type: ignore[attr-defined]
     batcher = Batcher(engine, max_batch=4, max_queue=100)
     start(batcher, running)
     first = submit(batcher, "f0")
     await busy(engine)
-    waiting = [submit(batcher, "p0", "partial"), submit(batcher, "f1")]
-    await settle(batcher, 2)
+    waiting = [submit(batcher, "p0", "partial"), submit(batcher, "f1"), submit(batcher, "f2")]
+    await settle(batcher, 3)
     engine.release.set()
     await asyncio.gather(first, *waiting)
-    assert engine.batches == [["f0"], ["f1"], ["p0"]]
+    assert engine.batches == [["f0"], ["f1"], ["f2"], ["p0"]]
 
 
 async def test_max_wait_lets_a_batch_fill(running: list[asyncio.Task[None]]) -> None:

@@ -21,7 +21,7 @@ class SphinxEngine:
     sample_rate = 16000
     device = "cpu"
     sequential = True
-    """One utterance after another: a partial in a final's batch would delay the final."""
+    """One utterance after another: the batcher sends one per call (no batching gain)."""
 
     def __init__(self, settings: SphinxSettings) -> None:
         self.settings = settings
