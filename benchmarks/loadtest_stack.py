@@ -15,7 +15,7 @@ import sys
 
 from benchmarks.report import command
 from benchmarks.stack import lite_stack
-from services.common.loadtest import add_arguments, execute
+from services.loadtest.cli import add_arguments, execute
 
 
 def main() -> int:

@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     from services.common.models import add_models_command
 
     add_models_command(sub)
-    from services.common.loadtest import add_loadtest_command
+    from services.loadtest.cli import add_loadtest_command
 
     add_loadtest_command(sub)
     from services.plan.cli import add_plan_command

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 from websockets.asyncio.server import ServerConnection, serve
 
-from services.common.loadtest import main
 from services.common.redis_server import free_port
+from services.loadtest.cli import main
 from tests.conftest import Stack
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -11,16 +11,16 @@ from typing import Any
 
 import pytest
 
-from services.common.loadcheck import Conversation
-from services.common.loadlevel import LevelPart, level_report, mark_bottlenecks
-from services.common.loadplots import write_plots
-from services.common.loadprogress import ProgressLine
-from services.common.loadrun import Snapshot, split
-from services.common.loadserver import Sample, engine_ms, http_base, server_report
-from services.common.loadstats import STAGES, TurnRecord, stats, turn_figures, word_accuracy
-from services.common.loadtest import add_loadtest_command, main
-from services.common.loaduser import SessionRun, UserPlan
 from services.common.redis_server import free_port
+from services.loadtest.cli import add_loadtest_command, main
+from services.loadtest.contract import Conversation
+from services.loadtest.level import LevelPart, level_report, mark_bottlenecks
+from services.loadtest.plots import write_plots
+from services.loadtest.progress import ProgressLine
+from services.loadtest.server import Sample, engine_ms, http_base, server_report
+from services.loadtest.stats import STAGES, TurnRecord, stats, turn_figures, word_accuracy
+from services.loadtest.user import SessionRun, UserPlan
+from services.loadtest.workers import Snapshot, split
 
 FRAME = bytes(2 * 24 * 40)  # 40 ms of 24 kHz PCM16
 Message = tuple[float, dict[str, Any] | bytes]

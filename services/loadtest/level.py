@@ -9,8 +9,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from services.common.loadstats import STAGES, lag_stats, stats, turn_figures
-from services.common.loaduser import SessionRun
+from services.loadtest.stats import STAGES, lag_stats, stats, turn_figures
+from services.loadtest.user import SessionRun
 
 STALL_TOLERANCE_MS: Final = 50.0
 """Agent audio may arrive this much later than real time before a session counts as

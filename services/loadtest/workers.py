@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 from typing import Any, Final
 
-from services.common.loadlevel import LevelPart
-from services.common.loaduser import Live, SessionRun, User, UserPlan, Window
+from services.loadtest.level import LevelPart
+from services.loadtest.user import Live, SessionRun, User, UserPlan, Window
 
 LAG_PERIOD_S: Final = 0.05
 REPORT_EVERY_S: Final = 0.5

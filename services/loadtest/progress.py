@@ -10,8 +10,8 @@ import sys
 import time
 from typing import Final, TextIO
 
-from services.common.loadrun import Snapshot
 from services.common.report import percentile
+from services.loadtest.workers import Snapshot
 
 PLAIN_EVERY_S: Final = 5.0
 RECENT: Final = 100

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from services.common.loadstats import STAGES
+from services.loadtest.stats import STAGES
 
 CDF_FILE = "latency_cdf.png"
 PERCENTILES_FILE = "latency_vs_sessions.png"

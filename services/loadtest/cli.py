@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any, Final
 
 from services.common.client import StreamClient
-from services.common.loadcorpus import CorpusError, Utterance, espeak_corpus, folder_corpus
-from services.common.loadlevel import LevelPart, level_report, mark_bottlenecks
-from services.common.loadprogress import ProgressLine
-from services.common.loadrun import Workers, run_local, split
-from services.common.loadserver import Sample, Services, engine_ms, http_base, server_report
-from services.common.loaduser import UserPlan
 from services.common.report import stamped
+from services.loadtest.corpus import CorpusError, Utterance, espeak_corpus, folder_corpus
+from services.loadtest.level import LevelPart, level_report, mark_bottlenecks
+from services.loadtest.progress import ProgressLine
+from services.loadtest.server import Sample, Services, engine_ms, http_base, server_report
+from services.loadtest.user import UserPlan
+from services.loadtest.workers import Workers, run_local, split
 
 DEFAULT_URL: Final = "ws://127.0.0.1:8000/v1/stream"
 START_MARGIN_S: Final = {"local": 0.2, "workers": 3.0}
@@ -159,7 +159,7 @@ def execute(args: argparse.Namespace, command_line: str) -> int:
         body = json.dumps(stamped(result, command_line), indent=2) + "\n"
         args.out.write_text(body, encoding="utf-8")
     if args.plots:
-        from services.common.loadplots import write_plots
+        from services.loadtest.plots import write_plots
 
         write_plots(result, args.plots)
     print(summary_text(result), flush=True)
@@ -311,7 +311,3 @@ def summary_text(result: dict[str, Any]) -> str:
         lines.append(f"... and {len(violations) - 20} more contract violations")
     lines.append("OK" if result["ok"] else "FAILED")
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

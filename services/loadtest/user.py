@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 import websockets
 
 from services.common.client import StreamClient
-from services.common.loadcheck import Conversation, Response
-from services.common.loadcorpus import RATE, Utterance
-from services.common.loadstats import TurnRecord, answer, turn_utterances
+from services.loadtest.contract import Conversation, Response
+from services.loadtest.corpus import RATE, Utterance
+from services.loadtest.stats import TurnRecord, answer, turn_utterances
 
 LEAD_SILENCE_MS = 300
 """Silence before each utterance (a microphone hears some); none when barging in."""

@@ -19,8 +19,8 @@ from typing import Final
 
 import jiwer
 
-from services.common.loadcheck import Conversation, Response, Utterance
 from services.common.report import percentile
+from services.loadtest.contract import Conversation, Response, Utterance
 
 STAGES: Final = (
     "end_of_turn",
