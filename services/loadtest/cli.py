@@ -36,6 +36,8 @@ START_MARGIN_S: Final = {"local": 0.2, "workers": 3.0}
 """Time to get every session's process ready before a level's clock starts."""
 CLIENT_LAG_WARN_MS: Final = 50.0
 """Audio frames leaving this late (p99) mean the client, not the service, is the limit."""
+SHOWN_VIOLATIONS: Final = 20
+"""Contract violations the terminal summary lists (the results file has them all)."""
 
 
 # ---------------------------------------------------------------------- arguments
@@ -306,8 +308,8 @@ def summary_text(result: dict[str, Any]) -> str:
             f"breaks at {result['breaks_at']} sessions (bottleneck: {result['bottleneck']})"
         )
     violations = result["contract_violations"]
-    lines.extend(f"contract violation: {v}" for v in violations[:20])
-    if len(violations) > 20:
-        lines.append(f"... and {len(violations) - 20} more contract violations")
+    lines.extend(f"contract violation: {v}" for v in violations[:SHOWN_VIOLATIONS])
+    if len(violations) > SHOWN_VIOLATIONS:
+        lines.append(f"... and {len(violations) - SHOWN_VIOLATIONS} more contract violations")
     lines.append("OK" if result["ok"] else "FAILED")
     return "\n".join(lines)

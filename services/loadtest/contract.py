@@ -24,6 +24,10 @@ LEGIT_CLOSE_CODES: Final = frozenset({1012, 1013})
 """Closes the protocol announces (restarting, at capacity): errors, not violations."""
 MAX_VIOLATIONS: Final = 20
 """Per conversation: past this a broken server would only repeat itself."""
+ASR_FAILURES: Final = frozenset({"asr_unavailable", "internal"})
+"""Error codes that stand in for an utterance's missing transcript.final."""
+OUTPUT_RATE: Final = 24000
+"""The agent audio's rate until the session says otherwise."""
 
 
 @dataclass
@@ -73,7 +77,7 @@ class Response:
 class Conversation:
     """The server's side of one session, fed message by message."""
 
-    def __init__(self, session_id: str = "?", output_rate: int = 24000) -> None:
+    def __init__(self, session_id: str = "?", output_rate: int = OUTPUT_RATE) -> None:
         self.session_id = session_id
         self.output_rate = output_rate
         self.utterances: dict[str, Utterance] = {}
@@ -102,7 +106,7 @@ class Conversation:
             handler(self, at, message)
 
     def _session_updated(self, at: float, event: dict[str, Any]) -> None:
-        self.output_rate = int(event.get("session", {}).get("output_sample_rate", 24000))
+        self.output_rate = int(event.get("session", {}).get("output_sample_rate", OUTPUT_RATE))
 
     def _speech_started(self, at: float, event: dict[str, Any]) -> None:
         uid = str(event.get("utterance_id"))
@@ -237,12 +241,12 @@ class Conversation:
     def settled(self) -> bool:
         """Nothing outstanding: every utterance has its transcript, no response is open."""
         waiting = sum(1 for u in self.utterances.values() if u.stopped_at and not u.finals)
-        asr_errors = sum(1 for _, code in self.errors if code in ("asr_unavailable", "internal"))
-        return waiting <= asr_errors and (self.active is None or self.active.done_at is not None)
+        responding = self.active is not None and self.active.done_at is None
+        return waiting <= self._asr_failures() and not responding
 
     def finish(self) -> None:
         """End-of-session checks (after the client waited for everything outstanding)."""
-        allowed = sum(1 for _, code in self.errors if code in ("asr_unavailable", "internal"))
+        allowed = self._asr_failures()
         for utterance in self.utterances.values():
             if utterance.stopped_at is not None and not utterance.finals:
                 if allowed > 0:
@@ -255,6 +259,9 @@ class Conversation:
                 self._violate("missing", response.id, f"no response.done for {response.id}")
         for utterance in self.utterances.values():
             self._check_barge_in(utterance)
+
+    def _asr_failures(self) -> int:
+        return sum(1 for _, code in self.errors if code in ASR_FAILURES)
 
     def _check_barge_in(self, utterance: Utterance) -> None:
         response = self.responses.get(utterance.over_response or "")

@@ -44,10 +44,6 @@ class Utterance:
     audio: AudioF32
     script: str | None
 
-    @property
-    def seconds(self) -> float:
-        return self.audio.size / RATE
-
 
 class CorpusError(Exception):
     """The corpus cannot be built; the message says why."""

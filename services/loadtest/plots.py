@@ -49,14 +49,8 @@ def _cdf(result: dict[str, Any], path: Path) -> Path:
             if values:
                 shares = [(i + 1) / len(values) for i in range(len(values))]
                 axis.step(values, shares, where="post", label=f"{level['sessions']} sessions")
-        _slo(axis, result, stage, vertical=True)
-        axis.set_title(stage)
-        axis.set_xlabel("ms")
-        axis.set_ylabel("fraction of turns")
         axis.set_ylim(0, 1.02)
-        axis.grid(alpha=0.3)
-        if axis.has_data():
-            axis.legend(fontsize="small")
+        _finish(axis, result, stage, "ms", "fraction of turns", slo_vertical=True)
     return _save(figure, path)
 
 
@@ -73,20 +67,22 @@ def _percentiles(result: dict[str, Any], path: Path) -> Path:
             ]
             if points:
                 axis.plot(*zip(*points, strict=True), style, label=key)
-        _slo(axis, result, stage, vertical=False)
-        axis.set_title(stage)
         axis.set_xticks(sessions)
-        axis.set_xlabel("concurrent sessions")
-        axis.set_ylabel("ms")
-        axis.grid(alpha=0.3)
-        if axis.has_data():
-            axis.legend(fontsize="small")
+        _finish(axis, result, stage, "concurrent sessions", "ms", slo_vertical=False)
     return _save(figure, path)
 
 
-def _slo(axis: Any, result: dict[str, Any], stage: str, vertical: bool) -> None:
-    if stage != "voice_to_voice":
-        return
-    slo = result["config"]["slo_voice_to_voice_ms"]
-    line = axis.axvline if vertical else axis.axhline
-    line(slo, color="red", linestyle="--", linewidth=1, label=f"SLO {slo:.0f} ms")
+def _finish(
+    axis: Any, result: dict[str, Any], stage: str, xlabel: str, ylabel: str, slo_vertical: bool
+) -> None:
+    """A panel's SLO line (voice-to-voice only), title, labels, grid and legend."""
+    if stage == "voice_to_voice":
+        slo = result["config"]["slo_voice_to_voice_ms"]
+        line = axis.axvline if slo_vertical else axis.axhline
+        line(slo, color="red", linestyle="--", linewidth=1, label=f"SLO {slo:.0f} ms")
+    axis.set_title(stage)
+    axis.set_xlabel(xlabel)
+    axis.set_ylabel(ylabel)
+    axis.grid(alpha=0.3)
+    if axis.has_data():
+        axis.legend(fontsize="small")

@@ -32,12 +32,8 @@ class ProgressLine:
 
     def start_level(self, sessions: int, epoch: float, ramp_s: float, duration_s: float) -> None:
         self.index += 1
-        self.sessions, self.epoch, self.ramp_s, self.duration_s = (
-            sessions,
-            epoch,
-            ramp_s,
-            duration_s,
-        )
+        self.sessions, self.epoch = sessions, epoch
+        self.ramp_s, self.duration_s = ramp_s, duration_s
         self._shown_at = 0.0
 
     def __call__(self, snapshot: Snapshot) -> None:

@@ -119,20 +119,27 @@ def _figures(start: Sample | None, end: Sample | None) -> dict[str, Any] | None:
     if end is None or end.health is None:
         return None
     health = end.health
-    process = health.get("process") or {}
     gpu = health.get("gpu") or {}
-    figures: dict[str, Any] = {
-        "rss_bytes": process.get("rss_bytes"),
+    return {
+        "rss_bytes": _process(end).get("rss_bytes"),
         "gpu_memory_used_bytes": gpu.get("memory_allocated") if gpu.get("available") else None,
         "queue_depth": health.get("queue_depth"),
         "active_connections": health.get("active_connections"),
         "event_loop_lag_ms": health.get("event_loop_lag_ms"),
-        "cpu_percent": None,
+        "cpu_percent": _cpu_percent(start, end),
     }
-    before = (start.health or {}).get("process") or {} if start is not None else {}
-    if start is not None and "cpu_seconds" in before and "cpu_seconds" in process:
-        elapsed = end.at - start.at
-        if elapsed > 0:
-            used = float(process["cpu_seconds"]) - float(before["cpu_seconds"])
-            figures["cpu_percent"] = round(100 * used / elapsed, 1)
-    return figures
+
+
+def _process(sample: Sample) -> dict[str, Any]:
+    return (sample.health or {}).get("process") or {}
+
+
+def _cpu_percent(start: Sample | None, end: Sample) -> float | None:
+    """Per cent of one core the service used between the two samples."""
+    if start is None or end.at <= start.at:
+        return None
+    before, after = _process(start), _process(end)
+    if "cpu_seconds" not in before or "cpu_seconds" not in after:
+        return None
+    used = float(after["cpu_seconds"]) - float(before["cpu_seconds"])
+    return round(100 * used / (end.at - start.at), 1)

@@ -152,12 +152,7 @@ def stats(values: list[float]) -> dict[str, float | int | None]:
     }
 
 
-def lag_stats(values: list[float]) -> dict[str, float | None]:
-    """p50, p99 and max of lag samples (ms)."""
-    if not values:
-        return {"p50": None, "p99": None, "max": None}
-    return {
-        "p50": round(percentile(values, 50), 1),
-        "p99": round(percentile(values, 99), 1),
-        "max": round(max(values), 1),
-    }
+def lag_stats(values: list[float]) -> dict[str, float | int | None]:
+    """p50, p99 and max of lag samples (ms), as `stats` computes them."""
+    figures = stats(values)
+    return {key: figures[key] for key in ("p50", "p99", "max")}

@@ -128,7 +128,6 @@ class Workers:
 
     def __init__(self, count: int) -> None:
         context = get_context("spawn")
-        self.count = count
         self.queue = context.Queue()
         self.pool = ProcessPoolExecutor(
             count, mp_context=context, initializer=_init_worker, initargs=(self.queue,)
