@@ -23,12 +23,18 @@ class Background:
         self.tasks.append(task)
         return task
 
-    async def stop(self) -> None:
+    async def stop(self, timeout_s: float = 5.0) -> None:
+        """Cancel every task and wait for them, at most `timeout_s` (shutdown never hangs)."""
         for task in self.tasks:
             task.cancel()
+        if self.tasks:
+            _, stuck = await asyncio.wait(self.tasks, timeout=timeout_s)
+            for task in stuck:
+                log.error("background task %s did not stop in %.0f s", task.get_name(), timeout_s)
         for task in self.tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            if task.done():
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    task.result()
         self.tasks.clear()
 
     @staticmethod
