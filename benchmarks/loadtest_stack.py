@@ -25,6 +25,9 @@ def main() -> int:
     parser.add_argument(
         "--others-cpu", type=int, help="pin Redis, ASR, TTS and the load generator here"
     )
+    parser.add_argument(
+        "--env", action="append", default=[], metavar="KEY=VALUE", help="service setting"
+    )
     parser.add_argument("loadtest", nargs=argparse.REMAINDER, help="-- voice-agent loadtest args")
     args = parser.parse_args()
     words = args.loadtest[1:] if args.loadtest[:1] == ["--"] else args.loadtest
@@ -34,7 +37,8 @@ def main() -> int:
     if args.others_cpu is not None:
         cpus.update({name: {args.others_cpu} for name in ("redis", "asr", "tts")})
         os.sched_setaffinity(0, {args.others_cpu})  # the load generator (and its workers)
-    with lite_stack({"VA_PROFILE": args.profile}, cpus) as urls:
+    env = dict(item.split("=", 1) for item in args.env)
+    with lite_stack({"VA_PROFILE": args.profile, **env}, cpus) as urls:
         loadtest = argparse.ArgumentParser(prog="voice-agent loadtest")
         add_arguments(loadtest)
         options = loadtest.parse_args(

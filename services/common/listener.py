@@ -6,31 +6,42 @@ Shared by the gateway (`/v1/stream`) and the ASR service (`/v1/stream/asr`).
 from __future__ import annotations
 
 import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from services.common.audio import AudioF32, StreamResampler, check_sample_rate, pcm16_to_float
 from services.common.errors import FrameTooBig
+from services.common.runtime import RecentSamples
 from services.common.turns import SpeechEnd, TurnEvent, TurnSegmenter
 from services.common.vad import SileroVad, VadSettings, VadStream
 
 VAD_RATE = 16000
 
 
-class HearingBatcher:
-    """Runs the VAD of every listener that heard a frame this event-loop turn in one call.
+_Waiting = tuple["Listener", AudioF32, asyncio.Future[list[TurnEvent]], float]
 
-    Frames from many sessions arrive in the same turn of the loop under load; each
-    session's `hear` appends its audio and waits, and one callback scheduled after
-    them runs `SileroVad.process_many` for all (one batched model call per window
-    depth instead of one call per session). No timer: a lone frame waits no longer
-    than the rest of the loop turn it arrived in.
+
+class HearingBatcher:
+    """Continuous batching for the VAD of many listeners, off the event loop.
+
+    Each session's `hear` appends its audio and waits. Whenever the model thread is
+    free it takes every listener waiting and runs `SileroVad.process_many` on all of
+    them (one batched model call per window depth); frames that arrive meanwhile form
+    the next batch, so batches grow with the load and nothing waits on a timer. The
+    model runs in its own thread (onnxruntime releases the GIL), so the event loop
+    keeps serving sockets during a large batch. A stream is only ever in one batch:
+    its session waits for the result before it hears its next frame.
     """
 
-    def __init__(self, vad: SileroVad) -> None:
+    def __init__(self, vad: SileroVad, waits: RecentSamples | None = None) -> None:
         self.vad = vad
-        self._waiting: list[tuple[Listener, AudioF32, asyncio.Future[list[TurnEvent]]]] = []
-        self._scheduled = False
+        self.waits = waits
+        """Where each frame's wait for its VAD result is recorded, if anywhere."""
+        self._waiting: list[_Waiting] = []
+        self._busy = False
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="vad")
         self.calls = 0
         self.streams_run = 0
 
@@ -38,26 +49,40 @@ class HearingBatcher:
         loop = asyncio.get_running_loop()
         listener.stream.append(samples)
         future: asyncio.Future[list[TurnEvent]] = loop.create_future()
-        self._waiting.append((listener, samples, future))
-        if not self._scheduled:
-            self._scheduled = True
-            loop.call_soon(self._run)
+        self._waiting.append((listener, samples, future, time.monotonic()))
+        if not self._busy:
+            self._busy = True
+            loop.call_soon(self._start)  # after this loop turn: its frames join the batch
         return await future
 
-    def _run(self) -> None:
-        self._scheduled = False
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def _start(self) -> None:
         waiting, self._waiting = self._waiting, []
-        streams: list[VadStream] = [listener.stream for listener, _, _ in waiting]
+        streams: list[VadStream] = [listener.stream for listener, _, _, _ in waiting]
+        loop = asyncio.get_running_loop()
+        run = loop.run_in_executor(self._executor, self.vad.process_many, streams)
+        run.add_done_callback(lambda done: self._finish(waiting, done))
+
+    def _finish(self, waiting: list[_Waiting], run: asyncio.Future[list[AudioF32]]) -> None:
+        if self._waiting:
+            self._start()  # the next batch goes to the model before this one is handed out
+        else:
+            self._busy = False
         try:
-            probs = self.vad.process_many(streams)
+            probs = run.result()
         except Exception as exc:
-            for _, _, future in waiting:
+            for _, _, future, _ in waiting:
                 if not future.done():
                     future.set_exception(exc)
             return
+        now = time.monotonic()
         self.calls += 1
-        self.streams_run += len(streams)
-        for (listener, samples, future), p in zip(waiting, probs, strict=True):
+        self.streams_run += len(waiting)
+        for (listener, samples, future, heard_at), p in zip(waiting, probs, strict=True):
+            if self.waits is not None:
+                self.waits.record(now - heard_at, now)
             try:  # fed even when its caller went away: the segmenter stays in step
                 events = listener.segmenter.feed(samples, p)
             except Exception as exc:

@@ -23,6 +23,30 @@ from typing import Any
 from services.common.metrics import EVENT_LOOP_LAG
 
 
+class RecentSamples:
+    """Durations of recent events (ring buffer) with percentiles over a time window."""
+
+    def __init__(self, keep: int = 20_000) -> None:
+        self._samples: deque[tuple[float, float]] = deque(maxlen=keep)
+        """(monotonic time, seconds), oldest first."""
+
+    def record(self, seconds: float, at: float | None = None) -> None:
+        self._samples.append((time.monotonic() if at is None else at, seconds))
+
+    def summary(self, window_s: float = 60.0) -> dict[str, Any]:
+        """The last `window_s` seconds in milliseconds: p50, p99, max, sample count
+        (all 0 with no samples yet)."""
+        since = time.monotonic() - window_s
+        values = sorted(value for at, value in self._samples if at >= since)
+        return {
+            "window_s": window_s,
+            "p50": _ms(percentile(values, 50)),
+            "p99": _ms(percentile(values, 99)),
+            "max": _ms(values[-1] if values else 0.0),
+            "samples": len(values),
+        }
+
+
 class LoopLagMonitor:
     """Samples the running event loop's lag; `running()` runs it for a block's life."""
 
@@ -31,12 +55,11 @@ class LoopLagMonitor:
             raise ValueError("need 0 < interval_s <= keep_s")
         self.service = service
         self.interval_s = interval_s
-        self._samples: deque[tuple[float, float]] = deque(maxlen=math.ceil(keep_s / interval_s))
-        """(monotonic time of the wake-up, lag in seconds), oldest first."""
+        self._samples = RecentSamples(math.ceil(keep_s / interval_s))
 
     def record(self, lag_s: float, at: float | None = None) -> None:
         """Keep one sample (taken now unless `at` says when) and count it in the histogram."""
-        self._samples.append((time.monotonic() if at is None else at, lag_s))
+        self._samples.record(lag_s, at)
         EVENT_LOOP_LAG.labels(self.service).observe(lag_s)
 
     async def run(self) -> None:
@@ -60,15 +83,7 @@ class LoopLagMonitor:
     def summary(self, window_s: float = 60.0) -> dict[str, Any]:
         """Lag over the last `window_s` seconds in milliseconds: p50, p99, max, sample count
         (all 0 with no samples yet)."""
-        since = time.monotonic() - window_s
-        lags = sorted(lag for at, lag in self._samples if at >= since)
-        return {
-            "window_s": window_s,
-            "p50": _ms(percentile(lags, 50)),
-            "p99": _ms(percentile(lags, 99)),
-            "max": _ms(lags[-1] if lags else 0.0),
-            "samples": len(lags),
-        }
+        return self._samples.summary(window_s)
 
 
 def percentile(ordered: Sequence[float], pct: float) -> float:

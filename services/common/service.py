@@ -23,7 +23,7 @@ from services.common.errors import (
     VoiceAgentError,
 )
 from services.common.gpu import gpu_report
-from services.common.runtime import LoopLagMonitor, process_figures
+from services.common.runtime import LoopLagMonitor, RecentSamples, process_figures
 from services.common.settings import ALLOWED_SAMPLE_RATES
 from services.common.ws import Channel
 
@@ -46,6 +46,8 @@ class ServiceState:
     queue_depth: Callable[[], int] = lambda: 0
     started_at: float = field(default_factory=time.time)
     extra: Callable[[], dict[str, Any]] = dict
+    timings: dict[str, RecentSamples] = field(default_factory=dict)
+    """Durations the service reports on /health (`timings_ms`), over the lag window."""
     loop_lag: LoopLagMonitor = field(init=False)
 
     def __post_init__(self) -> None:
@@ -113,6 +115,10 @@ class ServiceState:
             "event_loop_lag_ms": self.loop_lag.summary(lag_window_s),
             "process": process_figures(),
         }
+        if self.timings:
+            report["timings_ms"] = {
+                name: samples.summary(lag_window_s) for name, samples in self.timings.items()
+            }
         report.update(self.extra())
         return report
 

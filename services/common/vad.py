@@ -183,6 +183,8 @@ class VadStream:
         flat = np.concatenate([self._context, self._pending[: k * WINDOW]])
         self._pending = self._pending[k * WINDOW :]
         self._context = flat[-CONTEXT:]
+        if k == 1:  # the usual case in a live stream: no window view needed
+            return flat.reshape(1, CONTEXT + WINDOW)
         rows = np.lib.stride_tricks.sliding_window_view(flat, CONTEXT + WINDOW)[::WINDOW]
         return np.ascontiguousarray(rows)
 

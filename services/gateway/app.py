@@ -63,6 +63,7 @@ def create_app(
         return {"gateway_id": gateway_id, "sessions": len(sessions), "vad_batch_mean": mean}
 
     state.extra = extra
+    state.timings = {"hearing": metrics.HEARING, "results": metrics.RESULTS_WAIT}
     background = Background()
 
     def deliver(result: BusResult, audio: bytes | None) -> None:
@@ -76,7 +77,7 @@ def create_app(
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         vad_holder["vad"] = await asyncio.to_thread(SileroVad)
         if section.batch_vad:
-            hearing["batcher"] = HearingBatcher(vad_holder["vad"])
+            hearing["batcher"] = HearingBatcher(vad_holder["vad"], metrics.HEARING)
         try:
             await bus.reset()
         except Exception as exc:
@@ -89,6 +90,8 @@ def create_app(
         finally:
             state.draining = True
             await background.stop()
+            if "batcher" in hearing:
+                hearing["batcher"].close()
             await llm_client.aclose()
             await redis.aclose()
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from services.common.runtime import RecentSamples
+
 STAGE_BUCKETS = (0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0)
 
 SESSIONS = Gauge("va_gateway_sessions_active", "Sessions open on this gateway process.")
@@ -54,6 +56,10 @@ RESPONSES = Counter("va_gateway_responses_total", "Responses ended, by status.",
 STALE_DROPPED = Counter(
     "va_gateway_stale_results_total", "Bus results dropped as stale or repeated.", ["kind"]
 )
+HEARING = RecentSamples()
+"""Audio frame received → its VAD result (the wait for a batched VAD call included)."""
+RESULTS_WAIT = RecentSamples()
+"""Bus result read from Redis → handled and sent to the client."""
 TURN_HOLDS = Counter(
     "va_gateway_turn_holds_total",
     "End-of-turn holds by outcome: the user went on (continued) or the hold ran out (expired).",

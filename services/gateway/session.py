@@ -138,7 +138,7 @@ class Session:
         self.clock = clock
         self.end_of_turn = end_of_turn or SilenceOnly(settings)
         self.history: list[Turn] = []
-        self.inbox: asyncio.Queue[tuple[BusResult, bytes | None]] = asyncio.Queue(
+        self.inbox: asyncio.Queue[tuple[BusResult, bytes | None, float]] = asyncio.Queue(
             settings.inbox_size
         )
         self.utterances: dict[str, _Utterance] = {}
@@ -179,7 +179,7 @@ class Session:
     def deliver(self, result: BusResult, audio: bytes | None) -> None:
         """A bus result for this session (called by the gateway's result reader)."""
         try:
-            self.inbox.put_nowait((result, audio))
+            self.inbox.put_nowait((result, audio, self.clock()))
         except asyncio.QueueFull:
             log.error("session %s inbox full: result dropped", self.config.id)
 
@@ -320,8 +320,9 @@ class Session:
 
     async def _process_inbox(self) -> None:
         while True:
-            result, audio = await self.inbox.get()
+            result, audio, delivered_at = await self.inbox.get()
             await self._on_result(result, audio)
+            metrics.RESULTS_WAIT.record(self.clock() - delivered_at)
 
     async def _on_result(self, result: BusResult, audio: bytes | None) -> None:
         match result:

@@ -126,6 +126,7 @@ def _figures(start: Sample | None, end: Sample | None) -> dict[str, Any] | None:
         "queue_depth": health.get("queue_depth"),
         "active_connections": health.get("active_connections"),
         "event_loop_lag_ms": health.get("event_loop_lag_ms"),
+        "timings_ms": health.get("timings_ms"),
         "cpu_percent": _cpu_percent(start, end),
     }
 

@@ -51,6 +51,12 @@ async def test_a_spoken_turn_on_the_fake_profile(fake_stack: Stack) -> None:
     rate = client.output_rate
     assert audio.size == pytest.approx(2 * 0.3 * rate, abs=rate // 50)  # two words, 300 ms each
     assert 0.02 < float(np.abs(audio).max()) < 0.05  # the quiet tone: audio, not silence
+    async with httpx.AsyncClient(timeout=10) as http:
+        health = (await http.get(f"{fake_stack.gateway.http}/health")).json()
+    timings = health["timings_ms"]  # what the gateway itself added, from its own clock
+    assert timings["hearing"]["samples"] >= 50  # every frame of the utterance and after
+    assert timings["results"]["samples"] >= 3  # the transcript and the audio chunks
+    assert 0 <= timings["hearing"]["p50"] <= timings["hearing"]["max"] < 1000
 
 
 async def test_health_reports_lag_and_process(fake_stack: Stack) -> None:

@@ -59,4 +59,4 @@ async def test_batched_hearing_gives_each_listener_what_hearing_alone_gives() ->
         assert [(type(e), e.start_ms) for e in events] == [(type(e), e.start_ms) for e in expected]
         assert np.array_equal(events[-1].audio, expected[-1].audio)  # type: ignore[union-attr]
     assert batcher.streams_run == 6 * len(frames)
-    assert batcher.calls < 2 * len(frames)  # several sessions per model call
+    assert batcher.streams_run / batcher.calls >= 2  # several sessions per model call
