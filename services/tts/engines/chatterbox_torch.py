@@ -2,12 +2,14 @@
 
 Imported only by `chatterbox.load_backend`, in the TTS GPU environment (`make
 install-gpu`): torch and chatterbox-tts are not in the main environment, so nothing
-here runs in the test suite. It follows chatterbox-tts 0.1.x `ChatterboxTTS.generate`
+here runs in the test suite; `benchmarks/chatterbox_cpu_smoke.py` runs it end to end
+on CPU with random weights. It follows chatterbox-tts 0.1.7 `ChatterboxTTS.generate`
 and `T3.inference` (same text normalization, classifier-free guidance as a batch of
 two whose second row has its text embeddings zeroed, the same start-of-speech
 prefix, repetition penalty, temperature, min-p, top-p and multinomial sampling) but
 yields every token as soon as it is sampled, and renders segments on demand with
-S3Gen (`finalize=False` leaves out the last 3 tokens, whose audio needs lookahead).
+S3Gen (leaving out the audio of a non-final segment's last 3 tokens, which needs
+lookahead).
 
 Precision: T3 (the 0.5B Llama that dominates the cost) runs in `dtype` (`auto`:
 bfloat16 where the GPU supports it); S3Gen and the voice encoder stay float32.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -30,7 +33,7 @@ import numpy as np
 from services.common.errors import EngineUnavailable
 from services.tts.engines.base import AudioF32
 from services.tts.engines.chatterbox import Sampling
-from services.tts.settings import ChatterboxSettings
+from services.tts.settings import S3GEN_LOOKAHEAD_TOKENS, TOKEN_MS, ChatterboxSettings
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +74,37 @@ def pick_dtype(torch: Any, wanted: str, device: str) -> Any:
     return torch.float32
 
 
+def let_dynamo_name_torch(torch: Any) -> None:
+    """Give transformers' output-capturing module the global `torch` it lacks.
+
+    The code torch 2.6's dynamo makes for transformers 5's `capture_outputs` wrapper
+    (around `LlamaModel.forward`) looks `torch` up in that module's globals, which import
+    it only for type checking: every compiled step failed with "NameError: name 'torch'
+    is not defined". With the name there, compiled steps sample the same tokens as eager."""
+    module = sys.modules.get("transformers.utils.output_capturing")
+    if module is not None and not hasattr(module, "torch"):
+        setattr(module, "torch", torch)  # noqa: B010 (a module attribute mypy cannot see)
+
+
+def aligned(conds: Any) -> Any:
+    """`conds` whose S3Gen prompt has exactly 2 mel frames per prompt token.
+
+    Upstream's `embed_ref` lets the reference mel run one frame longer than twice its
+    tokens; S3Gen then counts that frame as prompt and every rendering comes out half a
+    token short and late. Cut to whole tokens, a rendering of n tokens is n * 40 ms."""
+    gen = conds.gen
+    tokens = min(int(gen["prompt_token"].size(1)), int(gen["prompt_feat"].size(1)) // 2)
+    if gen["prompt_feat"].size(1) == 2 * tokens and gen["prompt_token"].size(1) == tokens:
+        return conds
+    trimmed = {
+        **gen,
+        "prompt_token": gen["prompt_token"][:, :tokens],
+        "prompt_token_len": gen["prompt_token_len"].clamp(max=tokens),
+        "prompt_feat": gen["prompt_feat"][:, : 2 * tokens],
+    }
+    return type(conds)(conds.t3, trimmed)
+
+
 class TorchBackend:
     """A loaded `ChatterboxTTS`, driven step by step (see `chatterbox.SpeechBackend`)."""
 
@@ -90,12 +124,14 @@ class TorchBackend:
         self.dtype = pick_dtype(torch, settings.dtype, device)
         self._t3.to(dtype=self.dtype)
         self.sample_rate = int(model.sr)
-        self.builtin_conds = model.conds
+        self._per_token = self.sample_rate * TOKEN_MS // 1000
+        self.builtin_conds = None if model.conds is None else aligned(model.conds)
         self._decode: Any = self._t3.tfmr
         self._pool: dict[int, list[Any]] = {1: [], 2: []}
         self._pool_lock = threading.Lock()
         self._compiled = settings.compile_mode != "off"
         if self._compiled:
+            let_dynamo_name_torch(torch)
             self._decode = torch.compile(self._t3.tfmr, mode=settings.compile_mode, dynamic=False)
         log.info(
             "chatterbox on %s: T3 in %s, compile=%s", device, self.dtype, settings.compile_mode
@@ -116,17 +152,28 @@ class TorchBackend:
         previous = self._model.conds
         try:
             self._model.prepare_conditionals(str(clip), exaggeration=exaggeration)
-            return self._model.conds
+            return aligned(self._model.conds)
         finally:
             self._model.conds = previous
 
     def render(self, conds: Any, tokens: Sequence[int], final: bool) -> AudioF32:
+        """S3Gen audio of `tokens`, as upstream's `S3Token2Wav.inference` renders it (flow
+        matching, HiFT, the fade-in); unless `final`, without the last 3 tokens' audio.
+
+        Every rendering is finalized: chatterbox-tts 0.1.7's `finalize=False` fails (its
+        flow trims the encoder output but not the mask: "expanded size ... must match").
+        A non-final segment's last tokens are rendered as an end and their audio dropped:
+        the next segment renders them again, with what follows them."""
         torch = self._torch
+        s3gen = self._model.s3gen
         with torch.inference_mode():
             speech = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
-            wav, _ = self._model.s3gen.inference(
-                speech_tokens=speech, ref_dict=conds.gen, finalize=final
-            )
+            mels = s3gen.flow_inference(speech, ref_dict=conds.gen, finalize=True)
+            wav, _ = s3gen.hift_inference(mels.to(dtype=s3gen.dtype), None)
+            fade = s3gen.trim_fade[: wav.size(1)]
+            wav[:, : fade.numel()] *= fade
+            if not final:
+                wav = wav[:, : max(0, wav.size(1) - S3GEN_LOOKAHEAD_TOKENS * self._per_token)]
             audio = wav.squeeze(0).float().cpu().numpy()
         if self._watermark and audio.size:
             audio = self._model.watermarker.apply_watermark(audio, sample_rate=self.sample_rate)
