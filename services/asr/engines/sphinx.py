@@ -82,6 +82,8 @@ class SphinxEngine:
         if item.audio.size < self.sample_rate // 10:
             return Transcript(text="", language="en", duration_s=duration)
         decoder = self._decoder if stop is None else self._sliced_decoder
+        if stop is not None:  # start from the feature means the finals have learned
+            decoder.set_cmn(self._decoder.get_cmn())
         pad = np.zeros(self.sample_rate // 4, dtype=np.float32)  # room for its endpointing
         audio = np.concatenate([pad, item.audio.astype(np.float32), pad])
         pcm = float_to_pcm16(audio)
