@@ -374,17 +374,14 @@ class Session:
 
     async def _user_said(self, text: str, utterance_id: str, speech_end_at: float) -> None:
         """A transcript ends the user's turn, unless the end-of-turn policy holds on."""
-        held = self._held
+        held = self._drop_held()
         if held is not None and held.timer is None and self.history:
             metrics.TURN_HOLDS.labels("continued").inc()
             last = self.history[-1]
             self.history[-1] = Turn("user", f"{last.text} {text}")  # one turn, two breaths
             await self._save()
         else:
-            if held is not None and held.timer is not None:
-                held.timer.cancel()
             await self._user_turn(text)
-        self._held = None
         hold_ms = await self.end_of_turn.hold_ms(list(self.history), self.history[-1].text)
         if hold_ms <= 0:
             await self._start_response(utterance_id, speech_end_at)
@@ -392,13 +389,20 @@ class Session:
         timer = asyncio.get_running_loop().call_later(hold_ms / 1000, self._hold_expired)
         self._held = _Held(utterance_id, speech_end_at, timer)
 
+    def _drop_held(self) -> _Held | None:
+        """Forget the held turn, its timer stopped; returns it."""
+        held, self._held = self._held, None
+        if held is not None and held.timer is not None:
+            held.timer.cancel()
+        return held
+
     def _hold_expired(self) -> None:
         metrics.TURN_HOLDS.labels("expired").inc()
         self._spawn(self._release_held(), "hold-expired")
 
     async def _release_held(self) -> None:
         """Answer the held turn now (its hold ran out, or what followed had no words)."""
-        held, self._held = self._held, None
+        held = self._drop_held()
         if held is not None:
             await self._start_response(held.utterance_id, held.speech_end_at)
 
@@ -425,10 +429,7 @@ class Session:
         self, utterance_id: str | None, speech_end_at: float | None, fixed_text: str | None = None
     ) -> None:
         await self._cancel_response()
-        if self._held is not None:  # a response now supersedes the held turn
-            if self._held.timer is not None:
-                self._held.timer.cancel()
-            self._held = None
+        self._drop_held()  # a response now supersedes the held turn
         response_id = new_id("resp")
         active = _Response(response_id, utterance_id, ResponseAudio(response_id), speech_end_at)
         self.response = active
@@ -592,8 +593,7 @@ class Session:
         return task
 
     async def _stop(self) -> None:
-        if self._held is not None and self._held.timer is not None:
-            self._held.timer.cancel()
+        self._drop_held()
         for utterance in self.utterances.values():
             if utterance.timeout is not None:
                 utterance.timeout.cancel()

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from services.common.errors import AgentFailed
+from services.common.jobs import JobFailed
 from services.common.vad import VadSettings
 from services.gateway import metrics
 from services.gateway.agent import Turn
@@ -211,6 +212,24 @@ async def test_end_of_turn_hold_runs_out() -> None:
         await h.wait_for("response.created")
     held = h.time_of("response.created") - h.time_of("transcript.final")
     assert held == pytest.approx(0.7)
+
+
+@on_virtual_time
+async def test_a_failed_transcript_releases_the_hold_and_its_timer() -> None:
+    expired = metrics.TURN_HOLDS.labels("expired")
+    before = expired._value.get()
+    policy = TrailingWordHeuristic(GatewaySection(end_of_turn_hold_ms=700))
+    async with running_session(end_of_turn=policy, transcripts=["bread and"]) as h:
+        await h.say(silence(200), tone(600), silence(800))
+        await h.wait_for("transcript.final")
+        failed = JobFailed(
+            job_id="j", session_id="sess_test", utterance_id="utt_x", code="c", message="m"
+        )
+        h.session.deliver(failed, None)  # another utterance's ASR failed
+        await h.wait_for("response.created")
+        await h.say(silence(1000))  # past the end of the hold
+    assert h.time_of("response.created") == pytest.approx(h.time_of("error"))
+    assert expired._value.get() == before  # the released hold's timer never fires
 
 
 @on_virtual_time
