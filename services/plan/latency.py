@@ -3,13 +3,12 @@ the voice_to_voice and barge_in benchmarks."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
+from services.common.report import percentile
+from services.loadtest.stats import STAGES
 from services.plan.figures import Figure, derived, fmt, measured
 from services.plan.inputs import BargeIn, Loadtest, MeasurementFile, VoiceToVoice
 from services.plan.model import Latency, ReferenceLatency, StageLatency
 
-STAGES = ("end_of_turn", "asr", "response", "voice_to_voice", "time_to_silence", "gateway_added")
 QUANTILES = ("p50", "p95", "p99")
 
 
@@ -96,12 +95,6 @@ def _interpolate(
         f"{target - x0} ÷ {x1 - x0}"
     )
     return derived(value, "ms", formula, [a, b], estimate=True)
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest rank, as benchmarks/report.py computes it: every value shown was measured."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
 
 
 def _series_stage(m: MeasurementFile, stage: str, field: str, values: list[float]) -> StageLatency:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import statistics
 
 from services.plan.figures import MIB, derived, fmt, given, measured
 from services.plan.inputs import Loadtest
@@ -16,16 +16,6 @@ MEMORY = (
     ("tts", "rss_bytes", "TTS RSS"),
     ("tts", "gpu_memory_used_bytes", "TTS GPU memory"),
 )
-
-
-def least_squares(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
-    """(intercept, slope) of the least-squares line through (x, y) points."""
-    n = len(points)
-    mean_x = sum(x for x, _ in points) / n
-    mean_y = sum(y for _, y in points) / n
-    spread = sum((x - mean_x) ** 2 for x, _ in points)
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / spread
-    return mean_y - slope * mean_x, slope
 
 
 def memory_lines(test: Loadtest, options: PlanOptions, missing: list[str]) -> list[MemoryLine]:
@@ -77,7 +67,7 @@ def _memory_line(
         for i, _, value in found
     ]
     points = [(float(sessions), value) for _, sessions, value in found]
-    fixed, slope = least_squares(points)
+    slope, fixed = statistics.linear_regression(*zip(*points, strict=True))
     listed = ", ".join(f"({fmt(x)}, {fmt(y / MIB)} MiB)" for x, y in points)
     fit = f"least squares over (sessions, {label}) = {listed}"
     per_session = derived(
