@@ -52,21 +52,6 @@ def encode_file(
     return buf.getvalue()
 
 
-def decode_any(data: bytes) -> tuple[npt.NDArray[np.float32], int]:
-    """Decode an encoded reply: mono float samples at the file's own rate."""
-    with av.open(io.BytesIO(data), mode="r") as container:
-        stream = container.streams.audio[0]
-        rate = stream.codec_context.sample_rate
-        to_float = av.AudioResampler(format="flt", layout="mono", rate=rate)
-        parts = [
-            out.to_ndarray().reshape(-1)
-            for frame in container.decode(stream)
-            for out in to_float.resample(frame)
-        ]
-        parts.extend(out.to_ndarray().reshape(-1) for out in to_float.resample(None))
-    return np.concatenate(parts).astype(np.float32), rate
-
-
 async def recv_json(ws: ClientConnection, timeout_s: float = 10.0) -> Json:
     """The next text frame (binary frames in between are skipped)."""
     async with asyncio.timeout(timeout_s):
