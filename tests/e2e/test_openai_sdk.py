@@ -16,6 +16,7 @@ import pytest
 from services.common.audio import decode_file, encode_audio, pcm16_to_float
 from tests.conftest import Stack
 from tests.e2e.wire import encode_file, recall
+from tests.servers import ServerThread
 from tests.speech import speak
 
 SENTENCE = "what is the weather like in paris today"
@@ -37,19 +38,21 @@ UPLOADS: list[tuple[str, int, Encoder, Fmt]] = [
 ]
 
 
+def _sdk(server: ServerThread) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=f"{server.http}/v1", api_key="sk-local", max_retries=0, timeout=30
+    )
+
+
 @pytest.fixture(scope="module")
 def asr_client(lite_stack: Stack) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(
-        base_url=f"{lite_stack.asr.http}/v1", api_key="sk-local", max_retries=0, timeout=30
-    ) as client:
+    with _sdk(lite_stack.asr) as client:
         yield client
 
 
 @pytest.fixture(scope="module")
 def tts_client(lite_stack: Stack) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(
-        base_url=f"{lite_stack.tts.http}/v1", api_key="sk-local", max_retries=0, timeout=30
-    ) as client:
+    with _sdk(lite_stack.tts) as client:
         yield client
 
 
