@@ -6,21 +6,19 @@ Shared by the gateway (`/v1/stream`) and the ASR service (`/v1/stream/asr`).
 from __future__ import annotations
 
 import asyncio
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from services.common.audio import AudioF32, StreamResampler, check_sample_rate, pcm16_to_float
 from services.common.errors import FrameTooBig
-from services.common.runtime import RecentSamples
 from services.common.turns import SpeechEnd, TurnEvent, TurnSegmenter
 from services.common.vad import SileroVad, VadSettings, VadStream
 
 VAD_RATE = 16000
 
 
-_Waiting = tuple["Listener", AudioF32, asyncio.Future[list[TurnEvent]], float]
+_Waiting = tuple["Listener", AudioF32, asyncio.Future[list[TurnEvent]]]
 
 
 class HearingBatcher:
@@ -35,10 +33,8 @@ class HearingBatcher:
     its session waits for the result before it hears its next frame.
     """
 
-    def __init__(self, vad: SileroVad, waits: RecentSamples | None = None) -> None:
+    def __init__(self, vad: SileroVad) -> None:
         self.vad = vad
-        self.waits = waits
-        """Where each frame's wait for its VAD result is recorded, if anywhere."""
         self._waiting: list[_Waiting] = []
         self._busy = False
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="vad")
@@ -49,7 +45,7 @@ class HearingBatcher:
         loop = asyncio.get_running_loop()
         listener.stream.append(samples)
         future: asyncio.Future[list[TurnEvent]] = loop.create_future()
-        self._waiting.append((listener, samples, future, time.monotonic()))
+        self._waiting.append((listener, samples, future))
         if not self._busy:
             self._busy = True
             loop.call_soon(self._start)  # after this loop turn: its frames join the batch
@@ -60,7 +56,7 @@ class HearingBatcher:
 
     def _start(self) -> None:
         waiting, self._waiting = self._waiting, []
-        streams: list[VadStream] = [listener.stream for listener, _, _, _ in waiting]
+        streams: list[VadStream] = [listener.stream for listener, _, _ in waiting]
         loop = asyncio.get_running_loop()
         run = loop.run_in_executor(self._executor, self.vad.process_many, streams)
         run.add_done_callback(lambda done: self._finish(waiting, done))
@@ -73,16 +69,13 @@ class HearingBatcher:
         try:
             probs = run.result()
         except Exception as exc:
-            for _, _, future, _ in waiting:
+            for _, _, future in waiting:
                 if not future.done():
                     future.set_exception(exc)
             return
-        now = time.monotonic()
         self.calls += 1
         self.streams_run += len(waiting)
-        for (listener, samples, future, heard_at), p in zip(waiting, probs, strict=True):
-            if self.waits is not None:
-                self.waits.record(now - heard_at, now)
+        for (listener, samples, future), p in zip(waiting, probs, strict=True):
             try:  # fed even when its caller went away: the segmenter stays in step
                 events = listener.segmenter.feed(samples, p)
             except Exception as exc:
@@ -128,11 +121,9 @@ class Listener:
     async def push_batched(self, pcm: bytes) -> list[TurnEvent]:
         """As `push`, with the VAD run by the batcher together with other listeners'."""
         samples = self._to_vad_rate(pcm)
-        if self.batcher is None:
+        if self.batcher is None or samples.size == 0:
             return self.hear(samples)
-        if samples.size == 0:
-            return []
-        return await self.batcher.hear(self, samples.astype(np.float32, copy=False))
+        return await self.batcher.hear(self, samples)
 
     def _to_vad_rate(self, pcm: bytes) -> AudioF32:
         if len(pcm) > self.max_frame_bytes():

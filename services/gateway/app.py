@@ -77,7 +77,7 @@ def create_app(
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         vad_holder["vad"] = await asyncio.to_thread(SileroVad)
         if section.batch_vad:
-            hearing["batcher"] = HearingBatcher(vad_holder["vad"], metrics.HEARING)
+            hearing["batcher"] = HearingBatcher(vad_holder["vad"])
         try:
             await bus.reset()
         except Exception as exc:

@@ -161,9 +161,7 @@ class Session:
                 frame = await self.channel.receive()
                 try:
                     if frame.data is not None:
-                        await self._on_turn_events(await self.listener.push_batched(frame.data))
-                        await self._check_barge_in()
-                        await self._maybe_partial()
+                        await self._hear(frame.data)
                     else:
                         await self._on_message(frame.text or "")
                 except SessionClosed:
@@ -175,6 +173,15 @@ class Session:
                     await self.channel.send_error(exc)
         finally:
             await self._stop()
+
+    async def _hear(self, pcm: bytes) -> None:
+        """One audio frame: its VAD result (timed), turn events, barge-in and partials."""
+        received_at = self.clock()
+        events = await self.listener.push_batched(pcm)
+        metrics.HEARING.record(self.clock() - received_at)
+        await self._on_turn_events(events)
+        await self._check_barge_in()
+        await self._maybe_partial()
 
     def deliver(self, result: BusResult, audio: bytes | None) -> None:
         """A bus result for this session (called by the gateway's result reader)."""

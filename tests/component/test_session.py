@@ -14,6 +14,7 @@ import pytest
 
 from services.common.errors import AgentFailed
 from services.common.jobs import JobFailed
+from services.common.runtime import RecentSamples
 from services.common.vad import VadSettings
 from services.gateway import metrics
 from services.gateway.agent import Turn
@@ -68,6 +69,19 @@ async def test_one_turn_end_to_end() -> None:
     assert h.audio_bytes() == 2 * 16000 * 800 // 1000
     assert last - first == pytest.approx(0.8 - 0.2 - 0.04, abs=0.03)
     assert history(h) == [("user", "hello there"), ("agent", "hello there")]
+
+
+@on_virtual_time
+async def test_every_frame_is_timed_to_its_vad_result() -> None:
+    """/health `timings_ms.hearing`, with or without the VAD batcher (none here)."""
+    hearing, metrics.HEARING = metrics.HEARING, RecentSamples()
+    try:
+        async with running_session() as h:
+            await h.say(silence(200), tone(100))  # 15 frames of 20 ms
+        timed = metrics.HEARING.summary()["samples"]
+    finally:
+        metrics.HEARING = hearing
+    assert timed == 15
 
 
 @on_virtual_time
