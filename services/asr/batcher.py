@@ -110,7 +110,7 @@ class Batcher:
         batch: list[_Waiting] = []
         # An engine that decodes item by item gains nothing from a batch, and every
         # item would wait for the last: one at a time, so each result leaves at once.
-        limit = 1 if getattr(self.engine, "sequential", False) else self.max_batch
+        limit = 1 if self.engine.sequential else self.max_batch
         for source in (self._finals, self._partials):
             while source and len(batch) < limit:
                 waiting = source.popleft()

@@ -35,6 +35,7 @@ class FakeEngine:
     sample_rate = RATE
     model = "fake"
     device = "cpu"
+    sequential = False
 
     def __init__(self, hold_first: bool = False, fail_on: str | None = None) -> None:
         self.batches: list[list[str]] = []
@@ -201,7 +202,7 @@ async def test_a_sequential_engine_gets_one_at_a_time_finals_first(
     running: list[asyncio.Task[None]],
 ) -> None:
     engine = FakeEngine(hold_first=True)
-    engine.sequential = True  # type: ignore[attr-defined]
+    engine.sequential = True
     batcher = Batcher(engine, max_batch=4, max_queue=100)
     start(batcher, running)
     first = submit(batcher, "f0")

@@ -21,6 +21,7 @@ class FakeAsrEngine:
     sample_rate = 16000
     model = "fake"
     device = "cpu"
+    sequential = False
 
     def __init__(self, settings: FakeAsrSettings) -> None:
         self.settings = settings

@@ -21,7 +21,6 @@ class SphinxEngine:
     sample_rate = 16000
     device = "cpu"
     sequential = True
-    """One utterance after another: the batcher sends one per call (no batching gain)."""
 
     def __init__(self, settings: SphinxSettings) -> None:
         self.settings = settings

@@ -92,6 +92,7 @@ class FasterWhisperEngine:
 
     name = "faster-whisper"
     sample_rate = 16000
+    sequential = False
 
     def __init__(
         self, settings: WhisperSettings, environ: MutableMapping[str, str] | None = None
