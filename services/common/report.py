@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import shlex
@@ -14,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,11 +80,12 @@ def _module() -> str:
     return spec.name if spec is not None else Path(sys.argv[0]).stem
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (no interpolation: every reported value was measured)."""
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile: the smallest value with at least `q` % of them at or below
+    it (no interpolation: every reported value was measured)."""
     ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
+    rank = math.ceil(q * len(ordered) / 100)  # q × n first: 7 / 100 × 100 is 7.000000000000001
+    return ordered[min(max(rank, 1), len(ordered)) - 1]
 
 
 def summary(values: list[float]) -> dict[str, float]:

@@ -62,12 +62,13 @@ def test_report_records_the_command_and_machine(
     assert body["machine"]["cores"] >= 1 and body["machine"]["cpu"]
     assert body["timestamp"].endswith("Z")
     assert report.percentile([5.0, 1.0, 3.0], 50) == 3.0
+    assert report.percentile([float(v) for v in range(1, 101)], 7) == 7.0  # no float noise
 
 
 def test_summary_is_nearest_rank_and_rounded() -> None:
     from benchmarks.report import summary
 
     values = [float(v) for v in range(1, 21)]  # 1..20
-    # nearest rank: p50 → index round(0.5*19)=10 → 11; p95 → index round(0.95*19)=18 → 19
-    assert summary(values) == {"p50": 11.0, "p95": 19.0, "min": 1.0, "max": 20.0}
+    # nearest rank: p50 → rank ceil(0.5 × 20) = 10 → 10; p95 → rank ceil(0.95 × 20) = 19 → 19
+    assert summary(values) == {"p50": 10.0, "p95": 19.0, "min": 1.0, "max": 20.0}
     assert summary([3.14159]) == {"p50": 3.1, "p95": 3.1, "min": 3.1, "max": 3.1}

@@ -212,7 +212,7 @@ def test_stats_are_nearest_rank() -> None:
     values = [float(v) for v in range(1, 101)]
     assert stats(values) == {
         "count": 100,
-        "p50": 51.0,
+        "p50": 50.0,
         "p95": 95.0,
         "p99": 99.0,
         "mean": 50.5,
@@ -258,7 +258,7 @@ def test_level_report_fills_the_schema() -> None:
     assert level["samples_ms"]["gateway_added"] == [160.0, 360.0]
     assert level["word_accuracy"] == {"mean": 1.0, "count": 2}
     assert level["realtime_ok"] is True
-    assert level["client"]["send_lag_ms"] == {"p50": 2.0, "p99": 2.0, "max": 2.0}  # 1,1,2,2
+    assert level["client"]["send_lag_ms"] == {"p50": 1.0, "p99": 2.0, "max": 2.0}  # 1,1,2,2
     assert set(level["stages_ms"]) == set(STAGES)
 
 
