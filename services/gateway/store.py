@@ -53,8 +53,12 @@ class SessionStore:
             log.warning("could not save session %s: %s", config.id, exc)
 
     async def load(self, session_id: str) -> tuple[SessionConfig, list[Turn]] | None:
-        """The stored session, or None when unknown or expired."""
-        raw = await self.redis.get(self.key(session_id))
+        """The stored session, or None when unknown, expired or out of reach (Redis down)."""
+        try:
+            raw = await self.redis.get(self.key(session_id))
+        except REDIS_DOWN as exc:
+            log.warning("could not load session %s: starting afresh (%s)", session_id, exc)
+            return None
         if raw is None:
             return None
         try:

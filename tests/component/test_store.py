@@ -1,0 +1,40 @@
+"""Sessions kept in Redis for resume: round trip, expiry, and Redis out of reach."""
+
+from __future__ import annotations
+
+from redis.asyncio import Redis
+
+from services.common.bus import connect
+from services.common.events import SessionConfig
+from services.common.redis_server import free_port
+from services.gateway.agent import Turn
+from services.gateway.store import SessionStore
+from tests.conftest import RedisProc
+
+
+async def test_a_saved_session_loads_back(redis_server: RedisProc) -> None:
+    settings = redis_server.settings()
+    redis = connect(settings)
+    store = SessionStore(redis, settings.prefix, ttl_s=60)
+    config = SessionConfig(id="sess_a", voice="v", instructions="Be brief.", resumed=True)
+    history = [Turn("user", "hi"), Turn("agent", "hello")]
+    try:
+        await store.save(config, history)
+        assert 0 < await redis.ttl(store.key("sess_a")) <= 60
+        loaded = await store.load("sess_a")
+        assert loaded == (config.model_copy(update={"resumed": None}), history)
+        assert await store.load("sess_unknown") is None
+        await redis.set(store.key("sess_bad"), b"{not json")
+        assert await store.load("sess_bad") is None  # unreadable: start afresh
+    finally:
+        await redis.aclose()
+
+
+async def test_redis_out_of_reach_costs_only_the_resume() -> None:
+    redis = Redis.from_url(f"redis://127.0.0.1:{free_port()}/0", socket_connect_timeout=1)
+    store = SessionStore(redis, "down", ttl_s=60)
+    try:
+        await store.save(SessionConfig(id="sess_a"), [Turn("user", "hi")])  # logged, not raised
+        assert await store.load("sess_a") is None
+    finally:
+        await redis.aclose()
