@@ -18,16 +18,11 @@ from services.gateway.agent import Turn
 log = logging.getLogger(__name__)
 
 
-class StoredTurn(BaseModel):
-    role: str
-    text: str
-
-
 class StoredSession(BaseModel):
     """What a resumed session gets back."""
 
     config: SessionConfig
-    history: list[StoredTurn]
+    history: list[Turn]
 
 
 class SessionStore:
@@ -45,7 +40,7 @@ class SessionStore:
         """Write the session (a Redis outage only loses resumability, so it is logged)."""
         stored = StoredSession(
             config=config.model_copy(update={"resumed": None}),
-            history=[StoredTurn(role=t.role, text=t.text) for t in history],
+            history=history,
         )
         try:
             await self.redis.set(self.key(config.id), stored.model_dump_json(), ex=self.ttl_s)
@@ -66,5 +61,4 @@ class SessionStore:
         except ValidationError:
             log.error("stored session %s is unreadable: starting afresh", session_id)
             return None
-        history = [Turn("user" if t.role == "user" else "agent", t.text) for t in stored.history]
-        return stored.config, history
+        return stored.config, stored.history
