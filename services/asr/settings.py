@@ -7,8 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from services.common.profiles import gpu_defaults, with_defaults
-from services.common.settings import BaseServiceSettings, ServerSettings
+from services.common.profiles import apply_profile
+from services.common.settings import BaseServiceSettings, EngineSection, ServerSettings
 from services.common.vad import VadSettings
 
 
@@ -64,7 +64,7 @@ class FakeAsrSettings(BaseModel):
     """Time one batched call takes, whatever its size (0: instant)."""
 
 
-class AsrSection(BaseModel):
+class AsrSection(EngineSection):
     """The ASR service proper."""
 
     engine: str = "sphinx"
@@ -103,12 +103,5 @@ class AsrSettings(BaseServiceSettings):
     def _apply_profile(self) -> AsrSettings:
         """`dual-gpu`: faster-whisper on CUDA, physical GPU 0; `fake`: the fake engine;
         each unless set explicitly."""
-        if self.profile == "fake":
-            self.asr = with_defaults(self.asr, {"engine": "fake"})
-        if self.profile != "dual-gpu":
-            return self
-        asr = with_defaults(self.asr, {"engine": "faster-whisper"})
-        if asr.engine == "faster-whisper":
-            asr = with_defaults(asr, {"whisper": gpu_defaults(asr.whisper, 0)})
-        self.asr = asr
+        self.asr = apply_profile(self.asr, self.profile, "faster-whisper", "whisper", gpu=0)
         return self

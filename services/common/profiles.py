@@ -14,7 +14,10 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
+from services.common.settings import EngineSection, Profile
+
 M = TypeVar("M", bound=BaseModel)
+S = TypeVar("S", bound=EngineSection)
 
 
 def with_defaults(model: M, defaults: Mapping[str, Any]) -> M:
@@ -34,9 +37,21 @@ def with_defaults(model: M, defaults: Mapping[str, Any]) -> M:
     return model.model_copy(update=update) if update else model
 
 
-def gpu_defaults(section: BaseModel, physical: int) -> dict[str, Any]:
-    """Run on CUDA, on `physical`, unless the section already names a device or an index."""
+def apply_profile(section: S, profile: Profile, gpu_engine: str, gpu_field: str, gpu: int) -> S:
+    """`section` with the defaults `profile` gives it; fields set explicitly win.
+
+    `fake`: the fake engine. `dual-gpu`: `gpu_engine`, and unless another engine was
+    chosen, its settings (the field `gpu_field`) on CUDA, on physical GPU `gpu` unless
+    they already name a `device_index`.
+    """
+    if profile == "fake":
+        return with_defaults(section, {"engine": "fake"})
+    if profile != "dual-gpu":
+        return section
+    section = with_defaults(section, {"engine": gpu_engine})
+    if section.engine != gpu_engine:
+        return section
     defaults: dict[str, Any] = {"device": "cuda"}
-    if "device_index" not in section.model_fields_set:
-        defaults["gpu"] = physical
-    return defaults
+    if "device_index" not in getattr(section, gpu_field).model_fields_set:
+        defaults["gpu"] = gpu
+    return with_defaults(section, {gpu_field: defaults})

@@ -51,6 +51,13 @@ class ServerSettings(BaseModel):
     """On shutdown, how long open sessions get to finish."""
 
 
+class EngineSection(BaseModel):
+    """A service's own section: it names the engine the service runs."""
+
+    engine: str
+    """Engine name."""
+
+
 class BaseServiceSettings(BaseSettings):
     """Base of every service's settings: env prefix `VA_`, nested sections with `__`."""
 

@@ -7,8 +7,8 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from services.common.profiles import gpu_defaults, with_defaults
-from services.common.settings import BaseServiceSettings, ServerSettings
+from services.common.profiles import apply_profile
+from services.common.settings import BaseServiceSettings, EngineSection, ServerSettings
 
 TOKEN_MS: Final = 40
 """chatterbox makes 25 speech tokens per second of audio."""
@@ -126,7 +126,7 @@ class VoiceLibrarySettings(BaseModel):
         return self
 
 
-class TtsSection(BaseModel):
+class TtsSection(EngineSection):
     """The TTS service proper."""
 
     engine: str = "espeak"
@@ -161,12 +161,5 @@ class TtsSettings(BaseServiceSettings):
     def _apply_profile(self) -> TtsSettings:
         """`dual-gpu`: chatterbox on CUDA, physical GPU 1; `fake`: the fake engine;
         each unless set explicitly."""
-        if self.profile == "fake":
-            self.tts = with_defaults(self.tts, {"engine": "fake"})
-        if self.profile != "dual-gpu":
-            return self
-        tts = with_defaults(self.tts, {"engine": "chatterbox"})
-        if tts.engine == "chatterbox":
-            tts = with_defaults(tts, {"chatterbox": gpu_defaults(tts.chatterbox, 1)})
-        self.tts = tts
+        self.tts = apply_profile(self.tts, self.profile, "chatterbox", "chatterbox", gpu=1)
         return self
