@@ -20,6 +20,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from services.common import report
 from services.common.metrics import EVENT_LOOP_LAG
 
 
@@ -86,12 +87,9 @@ class LoopLagMonitor:
         return self._samples.summary(window_s)
 
 
-def percentile(ordered: Sequence[float], pct: float) -> float:
-    """Nearest-rank percentile of sorted values (0.0 when there are none)."""
-    if not ordered:
-        return 0.0
-    rank = math.ceil(pct / 100 * len(ordered))
-    return ordered[min(max(rank, 1), len(ordered)) - 1]
+def percentile(values: Sequence[float], pct: float) -> float:
+    """Nearest-rank percentile, as every report computes it; 0.0 when there are none."""
+    return report.percentile(values, pct) if values else 0.0
 
 
 def _ms(seconds: float) -> float:
