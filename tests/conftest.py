@@ -6,13 +6,14 @@ import os
 import subprocess
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from services.common.redis_server import free_port, start_redis
-from services.common.settings import RedisSettings
+from services.common.settings import Profile, RedisSettings
 from tests.servers import ServerThread
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -61,10 +62,15 @@ class Stack:
     def stream_url(self) -> str:
         return f"{self.gateway.ws}/v1/stream"
 
+    @property
+    def servers(self) -> dict[str, ServerThread]:
+        """Each server by the service name its /health reports."""
+        return {"asr": self.asr, "tts": self.tts, "gateway": self.gateway}
 
-@pytest.fixture(scope="session")
-def lite_stack(redis_server: RedisProc) -> Iterator[Stack]:
-    """ASR (pocketsphinx), TTS (espeak-ng) and the gateway, joined by a real Redis."""
+
+@contextmanager
+def start_stack(redis: RedisSettings, profile: Profile = "lite") -> Iterator[Stack]:
+    """ASR, TTS and the gateway of one profile, joined by `redis`."""
     from services.asr.app import create_app as asr_app
     from services.asr.settings import AsrSettings
     from services.gateway.app import create_app as gateway_app
@@ -72,10 +78,16 @@ def lite_stack(redis_server: RedisProc) -> Iterator[Stack]:
     from services.tts.app import create_app as tts_app
     from services.tts.settings import TtsSettings
 
-    redis = redis_server.settings()
     with (
-        ServerThread(asr_app(AsrSettings(redis=redis))) as asr,
-        ServerThread(tts_app(TtsSettings(redis=redis))) as tts,
-        ServerThread(gateway_app(GatewaySettings(redis=redis))) as gateway,
+        ServerThread(asr_app(AsrSettings(profile=profile, redis=redis))) as asr,
+        ServerThread(tts_app(TtsSettings(profile=profile, redis=redis))) as tts,
+        ServerThread(gateway_app(GatewaySettings(profile=profile, redis=redis))) as gateway,
     ):
         yield Stack(asr, tts, gateway, redis)
+
+
+@pytest.fixture(scope="session")
+def lite_stack(redis_server: RedisProc) -> Iterator[Stack]:
+    """ASR (pocketsphinx), TTS (espeak-ng) and the gateway, joined by a real Redis."""
+    with start_stack(redis_server.settings()) as stack:
+        yield stack

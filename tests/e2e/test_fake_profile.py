@@ -11,8 +11,7 @@ import pytest
 
 from services.common.audio import pcm16_to_float
 from services.common.client import StreamClient
-from tests.conftest import RedisProc, Stack
-from tests.servers import ServerThread
+from tests.conftest import RedisProc, Stack, start_stack
 from tests.speech import speak
 
 LAG_FIELDS = {"window_s", "p50", "p99", "max", "samples"}
@@ -21,22 +20,10 @@ LAG_FIELDS = {"window_s", "p50", "p99", "max", "samples"}
 @pytest.fixture(scope="module")
 def fake_stack(redis_server: RedisProc) -> Iterator[Stack]:
     """ASR, TTS and the gateway with `profile=fake` (`VA_PROFILE=fake`), on their own prefix."""
-    from services.asr.app import create_app as asr_app
-    from services.asr.settings import AsrSettings
-    from services.gateway.app import create_app as gateway_app
-    from services.gateway.settings import GatewaySettings
-    from services.tts.app import create_app as tts_app
-    from services.tts.settings import TtsSettings
-
-    redis = redis_server.settings()
-    asr, tts = AsrSettings(profile="fake", redis=redis), TtsSettings(profile="fake", redis=redis)
-    assert (asr.asr.engine, tts.tts.engine) == ("fake", "fake")
-    with (
-        ServerThread(asr_app(asr)) as asr_server,
-        ServerThread(tts_app(tts)) as tts_server,
-        ServerThread(gateway_app(GatewaySettings(profile="fake", redis=redis))) as gateway,
-    ):
-        yield Stack(asr_server, tts_server, gateway, redis)
+    with start_stack(redis_server.settings(), profile="fake") as stack:
+        engines = [httpx.get(f"{s.http}/health").json()["engine"] for s in (stack.asr, stack.tts)]
+        assert engines == ["fake", "fake"]
+        yield stack
 
 
 async def test_a_spoken_turn_on_the_fake_profile(fake_stack: Stack) -> None:
@@ -61,11 +48,7 @@ async def test_a_spoken_turn_on_the_fake_profile(fake_stack: Stack) -> None:
 
 async def test_health_reports_lag_and_process(fake_stack: Stack) -> None:
     async with httpx.AsyncClient(timeout=10) as http:
-        for name, server in (
-            ("asr", fake_stack.asr),
-            ("tts", fake_stack.tts),
-            ("gateway", fake_stack.gateway),
-        ):
+        for name, server in fake_stack.servers.items():
             health = (await http.get(f"{server.http}/health")).json()
             assert health["service"] == name and health["model_loaded"] is True
             lag = health["event_loop_lag_ms"]

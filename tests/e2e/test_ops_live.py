@@ -24,8 +24,9 @@ async def turn_then_scrape(stack: Stack) -> dict[str, str]:
         done = await client.silence_until("response.done", timeout_s=20)
         assert done["status"] == "completed"
     async with httpx.AsyncClient(timeout=10) as http:
-        servers = {"asr": stack.asr, "tts": stack.tts, "gateway": stack.gateway}
-        return {name: (await http.get(f"{s.http}/metrics")).text for name, s in servers.items()}
+        return {
+            name: (await http.get(f"{s.http}/metrics")).text for name, s in stack.servers.items()
+        }
 
 
 @pytest.fixture(scope="module")
@@ -61,11 +62,7 @@ def test_one_turn_fills_the_alerted_series(scraped: dict[str, str]) -> None:
 
 async def test_health_has_the_fields_seed_deployments_poll(lite_stack: Stack) -> None:
     async with httpx.AsyncClient(timeout=10) as http:
-        for name, server in (
-            ("asr", lite_stack.asr),
-            ("tts", lite_stack.tts),
-            ("gateway", lite_stack.gateway),
-        ):
+        for name, server in lite_stack.servers.items():
             health = (await http.get(f"{server.http}/health")).json()
             assert health.keys() >= SEED_FIELDS and health["service"] == name
             assert health["gpu"].keys() >= SEED_GPU_FIELDS
