@@ -73,6 +73,12 @@ def test_embedded_engines_need_no_model_folder() -> None:
     assert check_tts_model(TtsSettings()).status == "OK"
 
 
+def test_doctor_passes_the_fake_engines() -> None:
+    asr = check_asr_model(AsrSettings(profile="fake"))
+    tts_check = check_tts_model(TtsSettings(profile="fake"))
+    assert (asr.status, tts_check.status) == ("OK", "OK"), (asr, tts_check)
+
+
 def test_whisper_model_folder(tmp_path: Path) -> None:
     settings = AsrSettings.model_validate(
         {"asr": {"engine": "faster-whisper", "whisper": {"models_dir": str(tmp_path)}}}

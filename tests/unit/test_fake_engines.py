@@ -1,8 +1,7 @@
-"""The `fake` engines and the `fake` profile: instant ASR and TTS of known shape and cost."""
+"""The `fake` engines: instant ASR and TTS of known shape and cost (the profile: test_profiles)."""
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -12,22 +11,15 @@ import pytest
 from services.asr.engines import create_engine as create_asr_engine
 from services.asr.engines.base import AsrEngine, AsrInput
 from services.asr.engines.fake import FakeAsrEngine
-from services.asr.settings import AsrSection, AsrSettings, FakeAsrSettings
+from services.asr.settings import AsrSection, FakeAsrSettings
 from services.common.errors import UnknownVoice
 from services.tts.engines import create_engine as create_tts_engine
 from services.tts.engines.base import AudioF32, LibraryVoice, SpeechRequest, TtsEngine
 from services.tts.engines.fake import FakeTtsEngine
-from services.tts.settings import FakeTtsSettings, TtsSection, TtsSettings
+from services.tts.settings import FakeTtsSettings, TtsSection
 from services.tts.synthesizer import Synthesizer
 
 THREE_WORDS = "one two three"
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith("VA_"):
-            monkeypatch.delenv(name)
 
 
 def utterance(seconds: float, language: str | None = None) -> AsrInput:
@@ -164,45 +156,3 @@ async def test_synthesizer_still_refuses_an_empty_voice_name() -> None:
     synthesizer = Synthesizer(tts(), max_concurrent=1, max_queue=1, chunk_ms=200)
     with pytest.raises(UnknownVoice):
         synthesizer.resolve_voice("")
-
-
-# The profile
-
-
-def test_fake_profile_picks_both_fake_engines() -> None:
-    assert AsrSettings(profile="fake").asr.engine == "fake"
-    assert TtsSettings(profile="fake").tts.engine == "fake"
-
-
-def test_fake_profile_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("VA_PROFILE", "fake")
-    monkeypatch.setenv("VA_ASR__FAKE__TEXT", "good morning")
-    monkeypatch.setenv("VA_ASR__FAKE__LATENCY_MS", "25")
-    monkeypatch.setenv("VA_TTS__FAKE__MS_PER_WORD", "150")
-    asr, tts_section = AsrSettings().asr, TtsSettings().tts
-    assert (asr.engine, asr.fake.text, asr.fake.latency_ms) == ("fake", "good morning", 25)
-    assert (tts_section.engine, tts_section.fake.ms_per_word) == ("fake", 150)
-    assert isinstance(create_asr_engine(asr), FakeAsrEngine)
-    assert isinstance(create_tts_engine(tts_section), FakeTtsEngine)
-
-
-def test_an_explicit_engine_beats_the_fake_profile(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("VA_PROFILE", "fake")
-    monkeypatch.setenv("VA_ASR__ENGINE", "sphinx")
-    assert AsrSettings().asr.engine == "sphinx"
-    assert TtsSettings().tts.engine == "fake"
-    assert TtsSettings(tts=TtsSection(engine="espeak")).tts.engine == "espeak"
-
-
-def test_fake_engines_are_chosen_by_name_under_any_profile() -> None:
-    assert AsrSettings(asr=AsrSection(engine="fake")).asr.engine == "fake"
-    assert AsrSettings().asr.engine == "sphinx"  # the profile changed no shared default
-    assert TtsSettings(profile="dual-gpu", tts=TtsSection(engine="fake")).tts.engine == "fake"
-
-
-def test_doctor_passes_the_fake_engines() -> None:
-    from services.common.doctor_checks import check_asr_model, check_tts_model
-
-    asr = check_asr_model(AsrSettings(profile="fake"))
-    tts_check = check_tts_model(TtsSettings(profile="fake"))
-    assert (asr.status, tts_check.status) == ("OK", "OK"), (asr, tts_check)

@@ -1,11 +1,15 @@
-"""`VA_PROFILE=dual-gpu`: one setting picks the GPU engines; explicit settings still win."""
+"""`VA_PROFILE`: `dual-gpu` picks the GPU engines, `fake` the fake ones; explicit settings win."""
 
 from __future__ import annotations
 
 import pytest
 
+from services.asr.engines import create_engine as create_asr_engine
+from services.asr.engines.fake import FakeAsrEngine
 from services.asr.settings import AsrSection, AsrSettings
 from services.common.profiles import with_defaults
+from services.tts.engines import create_engine as create_tts_engine
+from services.tts.engines.fake import FakeTtsEngine
 from services.tts.settings import TtsSection, TtsSettings
 
 
@@ -80,3 +84,34 @@ def test_with_defaults_fills_only_unset_fields() -> None:
     filled = with_defaults(section, {"max_batch": 32, "max_queue": 7, "whisper": {"beam_size": 2}})
     assert (filled.max_batch, filled.max_queue, filled.whisper.beam_size) == (4, 7, 2)
     assert with_defaults(section, {}) is section
+
+
+def test_fake_profile_picks_both_fake_engines() -> None:
+    assert AsrSettings(profile="fake").asr.engine == "fake"
+    assert TtsSettings(profile="fake").tts.engine == "fake"
+
+
+def test_fake_profile_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VA_PROFILE", "fake")
+    monkeypatch.setenv("VA_ASR__FAKE__TEXT", "good morning")
+    monkeypatch.setenv("VA_ASR__FAKE__LATENCY_MS", "25")
+    monkeypatch.setenv("VA_TTS__FAKE__MS_PER_WORD", "150")
+    asr, tts_section = AsrSettings().asr, TtsSettings().tts
+    assert (asr.engine, asr.fake.text, asr.fake.latency_ms) == ("fake", "good morning", 25)
+    assert (tts_section.engine, tts_section.fake.ms_per_word) == ("fake", 150)
+    assert isinstance(create_asr_engine(asr), FakeAsrEngine)
+    assert isinstance(create_tts_engine(tts_section), FakeTtsEngine)
+
+
+def test_an_explicit_engine_beats_the_fake_profile(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VA_PROFILE", "fake")
+    monkeypatch.setenv("VA_ASR__ENGINE", "sphinx")
+    assert AsrSettings().asr.engine == "sphinx"
+    assert TtsSettings().tts.engine == "fake"
+    assert TtsSettings(tts=TtsSection(engine="espeak")).tts.engine == "espeak"
+
+
+def test_fake_engines_are_chosen_by_name_under_any_profile() -> None:
+    assert AsrSettings(asr=AsrSection(engine="fake")).asr.engine == "fake"
+    assert AsrSettings().asr.engine == "sphinx"  # the profile changed no shared default
+    assert TtsSettings(profile="dual-gpu", tts=TtsSection(engine="fake")).tts.engine == "fake"
