@@ -70,12 +70,14 @@ class ServiceState:
             return False
 
     def readiness(self, redis_ok: bool) -> dict[str, bool]:
-        """The checks /ready reports; ready when all hold (PROTOCOL.md)."""
-        return {
+        """The checks /ready reports; ready when all hold (PROTOCOL.md). Sets `va_ready`."""
+        checks = {
             "model_loaded": self.model_loaded,
             "redis": redis_ok,
             "not_draining": not self.draining,
         }
+        metrics.READY.labels(self.service).set(1 if all(checks.values()) else 0)
+        return checks
 
     def gpu(self) -> dict[str, Any]:
         """The service's GPU (`available: False` on CPU); updates the GPU gauges. Blocking."""
@@ -92,7 +94,7 @@ class ServiceState:
         return gpu
 
     def health(
-        self, redis_ok: bool, gpu: dict[str, Any] | None = None, lag_window_s: float = 60.0
+        self, redis_ok: bool, gpu: dict[str, Any], lag_window_s: float = 60.0
     ) -> dict[str, Any]:
         """The /health report (the fields seed deployments poll included); the event-loop
         lag is over the last `lag_window_s` seconds."""
@@ -111,7 +113,7 @@ class ServiceState:
             "queue_depth": depth,
             "queue_size": depth,
             "uptime_s": round(time.time() - self.started_at, 3),
-            "gpu": self.gpu() if gpu is None else gpu,
+            "gpu": gpu,
             "event_loop_lag_ms": self.loop_lag.summary(lag_window_s),
             "process": process_figures(),
         }
@@ -124,9 +126,8 @@ class ServiceState:
 
     async def refresh_gauges(self) -> None:
         """Bring the gauges a scrape reads up to date: queue depth, readiness, GPU."""
-        redis_ok = await self.redis_ok()
+        self.readiness(await self.redis_ok())
         metrics.QUEUE_DEPTH.labels(self.service).set(self.queue_depth())
-        metrics.READY.labels(self.service).set(1 if all(self.readiness(redis_ok).values()) else 0)
         await asyncio.to_thread(self.gpu)
 
 
@@ -181,7 +182,6 @@ def install_ops(app: FastAPI, state: ServiceState) -> None:
     async def ready() -> JSONResponse:
         checks = state.readiness(await state.redis_ok())
         is_ready = all(checks.values())
-        metrics.READY.labels(state.service).set(1 if is_ready else 0)
         return JSONResponse({"ready": is_ready, "checks": checks}, 200 if is_ready else 503)
 
     @app.get("/metrics")
