@@ -28,7 +28,7 @@ from services.loadtest.corpus import CorpusError, Utterance, espeak_corpus, fold
 from services.loadtest.level import LevelPart, level_report, mark_bottlenecks
 from services.loadtest.progress import ProgressLine
 from services.loadtest.server import Sample, Services, engine_ms, http_base, server_report
-from services.loadtest.user import UserPlan
+from services.loadtest.user import UserPlan, Window
 from services.loadtest.workers import Workers, run_local, split
 
 DEFAULT_URL: Final = "ws://127.0.0.1:8000/v1/stream"
@@ -189,16 +189,16 @@ def _run_levels(
     try:
         for sessions in args.sessions:
             margin = START_MARGIN_S["workers" if workers else "local"]
-            epoch = time.time() + margin
-            jobs = split(plan, sessions, args.workers, epoch, args.ramp, args.duration)
-            before = _LaterSample(services, epoch + args.ramp - time.time())
-            progress.start_level(sessions, epoch, args.ramp, args.duration)
+            timeline = Window(time.time() + margin, args.ramp, args.duration, sessions)
+            jobs = split(plan, timeline, args.workers)
+            before = _LaterSample(services, timeline.measured_from - time.time())
+            progress.start_level(timeline)
             if workers is None:
                 part: LevelPart = asyncio.run(run_local(jobs[0], progress))
             else:
                 part = workers.run(jobs, progress)
             progress.end_level()
-            after = services.sample(window_s=time.time() - epoch)
+            after = services.sample(window_s=time.time() - timeline.start)
             before.join()
             levels.append(
                 level_report(

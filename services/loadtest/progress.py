@@ -11,6 +11,7 @@ import time
 from typing import Final, TextIO
 
 from services.common.report import percentile
+from services.loadtest.user import Window
 from services.loadtest.workers import Snapshot
 
 PLAIN_EVERY_S: Final = 5.0
@@ -26,14 +27,13 @@ class ProgressLine:
         self.tty = self.stream.isatty()
         self.levels = levels
         self.index = 0
-        self.sessions = 0
-        self.epoch = self.ramp_s = self.duration_s = 0.0
+        self.timeline = Window(0.0, 0.0, 0.0, 0)
         self._shown_at = 0.0
 
-    def start_level(self, sessions: int, epoch: float, ramp_s: float, duration_s: float) -> None:
+    def start_level(self, timeline: Window) -> None:
+        """The next level, on time.time()."""
         self.index += 1
-        self.sessions, self.epoch = sessions, epoch
-        self.ramp_s, self.duration_s = ramp_s, duration_s
+        self.timeline = timeline
         self._shown_at = 0.0
 
     def __call__(self, snapshot: Snapshot) -> None:
@@ -49,8 +49,7 @@ class ProgressLine:
         self.stream.flush()
 
     def text(self, snapshot: Snapshot, now: float) -> str:
-        measured_from = self.epoch + self.ramp_s
-        until = measured_from + self.duration_s
+        measured_from, until = self.timeline.measured_from, self.timeline.until
         if now < measured_from:
             phase = f"ramp {measured_from - now:.0f} s"
         elif now < until:
@@ -60,7 +59,7 @@ class ProgressLine:
         recent = (snapshot.v2v_ms or [])[-RECENT:]
         v2v = f"{percentile(recent, 50):.0f} ms" if recent else "-"
         return (
-            f"level {self.index}/{self.levels}: {self.sessions} sessions, {phase} | "
+            f"level {self.index}/{self.levels}: {self.timeline.sessions} sessions, {phase} | "
             f"up {snapshot.up} | turns {snapshot.turns} | errors {snapshot.errors} | "
             f"v2v p50 {v2v}"
         )

@@ -43,7 +43,8 @@ class UserPlan:
 
 @dataclass(frozen=True)
 class Window:
-    """One level's timeline (time.monotonic): a ramp, then the measured window."""
+    """One level's timeline: a ramp, then the measured window (on the clock `start` is on:
+    time.time() between processes, time.monotonic() for the users themselves)."""
 
     start: float
     ramp_s: float

@@ -15,7 +15,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing import get_context
 from typing import Any, Final
 
@@ -31,15 +31,12 @@ class LevelJob:
     """One worker's share of one level."""
 
     plan: UserPlan
-    sessions: int
+    timeline: Window  # on time.time(): the clock every worker process shares
     indices: tuple[int, ...]
-    epoch: float  # time.time() at which the level (its ramp) starts
-    ramp_s: float
-    duration_s: float
 
     def window(self) -> Window:
-        start = time.monotonic() + (self.epoch - time.time())
-        return Window(start, self.ramp_s, self.duration_s, self.sessions)
+        """The timeline on this process's time.monotonic, which the users pace by."""
+        return replace(self.timeline, start=time.monotonic() + (self.timeline.start - time.time()))
 
 
 @dataclass
@@ -166,9 +163,8 @@ def _merged(futures: list[Future[LevelPart]]) -> LevelPart:
     return part
 
 
-def split(
-    plan: UserPlan, sessions: int, workers: int, epoch: float, ramp_s: float, duration_s: float
-) -> list[LevelJob]:
+def split(plan: UserPlan, timeline: Window, workers: int) -> list[LevelJob]:
     """One job per worker that has sessions (session i → worker i mod K)."""
+    sessions = timeline.sessions
     shares = [tuple(range(w, sessions, workers)) for w in range(min(workers, sessions))]
-    return [LevelJob(plan, sessions, share, epoch, ramp_s, duration_s) for share in shares]
+    return [LevelJob(plan, timeline, share) for share in shares]

@@ -19,7 +19,7 @@ from services.loadtest.plots import write_plots
 from services.loadtest.progress import ProgressLine
 from services.loadtest.server import Sample, engine_ms, http_base, server_report
 from services.loadtest.stats import STAGES, TurnRecord, stats, turn_figures, word_accuracy
-from services.loadtest.user import SessionRun, UserPlan
+from services.loadtest.user import SessionRun, UserPlan, Window
 from services.loadtest.workers import Snapshot, split
 
 FRAME = bytes(2 * 24 * 40)  # 40 ms of 24 kHz PCM16
@@ -272,9 +272,9 @@ def test_breaks_at_the_first_level_over_the_slo_and_names_the_grown_stage() -> N
 
 def test_sessions_are_dealt_round_robin_to_workers() -> None:
     plan = UserPlan("ws://x", ())
-    jobs = split(plan, sessions=5, workers=2, epoch=0.0, ramp_s=1.0, duration_s=1.0)
+    jobs = split(plan, Window(0.0, ramp_s=1.0, duration_s=1.0, sessions=5), workers=2)
     assert [job.indices for job in jobs] == [(0, 2, 4), (1, 3)]
-    assert len(split(plan, sessions=1, workers=4, epoch=0.0, ramp_s=1.0, duration_s=1.0)) == 1
+    assert len(split(plan, Window(0.0, ramp_s=1.0, duration_s=1.0, sessions=1), workers=4)) == 1
 
 
 # ---------------------------------------------------------------- server samples
@@ -316,7 +316,7 @@ def test_server_figures_and_engine_time_come_from_two_samples() -> None:
 def test_progress_line_is_plain_text_off_a_terminal() -> None:
     stream = io.StringIO()
     line = ProgressLine(stream, levels=2)
-    line.start_level(10, epoch=0.0, ramp_s=5.0, duration_s=60.0)
+    line.start_level(Window(0.0, ramp_s=5.0, duration_s=60.0, sessions=10))
     text = line.text(Snapshot(up=7, turns=12, errors=1, v2v_ms=[900.0, 1100.0, 1000.0]), 3.0)
     assert text == (
         "level 1/2: 10 sessions, ramp 2 s | up 7 | turns 12 | errors 1 | v2v p50 1000 ms"
