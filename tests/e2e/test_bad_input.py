@@ -29,6 +29,12 @@ def _speech_16k() -> npt.NDArray[np.float32]:
     return speak(SENTENCE, 16000)
 
 
+@cache
+def _spoken_pcm() -> bytes:
+    """The sentence as PCM16 at 16 kHz, after 300 ms of silence."""
+    return to_pcm16(np.concatenate([np.zeros(4800, np.float32), _speech_16k()]))
+
+
 # ---------------------------------------------------------------- gateway /v1/stream
 
 GATEWAY_NON_FATAL: list[tuple[str, str | bytes, str]] = [
@@ -107,7 +113,7 @@ async def test_gateway_many_errors_in_a_row_then_a_spoken_turn(lite_stack: Stack
             await ws.send(frame)
         codes = [(await recv_json(ws))["code"] for _ in GATEWAY_NON_FATAL]
         assert codes == [c[2] for c in GATEWAY_NON_FATAL]
-        pcm = to_pcm16(np.concatenate([np.zeros(4800, np.float32), _speech_16k()]))
+        pcm = _spoken_pcm()
         for offset in range(0, len(pcm), 640):
             await ws.send(pcm[offset : offset + 640])
         await send_json(ws, {"type": "input_audio.commit"})
@@ -207,7 +213,7 @@ def _asr_url(stack: Stack, query: str = "") -> str:
 
 async def _assert_transcribes(ws: ClientConnection) -> None:
     """Speech then `commit` yields a final with the words, on this connection."""
-    pcm = to_pcm16(np.concatenate([np.zeros(4800, np.float32), _speech_16k()]))
+    pcm = _spoken_pcm()
     for offset in range(0, len(pcm), 16000):
         await ws.send(pcm[offset : offset + 16000])
     await send_json(ws, {"type": "commit"})
