@@ -27,6 +27,20 @@ class GpuChoice:
     pin: str | None = None
 
 
+def visible_gpus(visible: str) -> list[int | str]:
+    """`CUDA_VISIBLE_DEVICES` as CUDA reads it: physical indices and `GPU-`/`MIG-` UUIDs,
+    up to the first invalid entry ("-1", "", garbage), where CUDA stops reading."""
+    ids: list[int | str] = []
+    for part in (p.strip() for p in visible.split(",")):
+        if part.isdigit():
+            ids.append(int(part))
+        elif part.startswith(("GPU-", "MIG-")):
+            ids.append(part)
+        else:
+            break
+    return ids
+
+
 def choose_gpu(
     physical: int | None, device_index: int, visible: str | None, setting: str
 ) -> GpuChoice:
@@ -35,9 +49,9 @@ def choose_gpu(
         return GpuChoice(device_index)
     if visible is None:
         return GpuChoice(0, str(physical))
-    ids = [part.strip() for part in visible.split(",") if part.strip()]
-    if str(physical) in ids:
-        return GpuChoice(ids.index(str(physical)))
+    ids = visible_gpus(visible)
+    if physical in ids:
+        return GpuChoice(ids.index(physical))
     raise EngineUnavailable(
         f"{setting}={physical} but this process sees only GPUs {VISIBLE}={visible!r}: "
         f"unset {VISIBLE}, include {physical} in it, or unset {setting}"

@@ -18,6 +18,8 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from services.common.devices import VISIBLE, visible_gpus
+
 log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
@@ -31,17 +33,10 @@ def physical_index(visible_index: int, env: Mapping[str, str] | None = None) -> 
     None when the process cannot see that many GPUs: `CUDA_VISIBLE_DEVICES` set but
     empty hides them all, and CUDA stops reading the list at its first invalid entry.
     """
-    visible = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
+    visible = (os.environ if env is None else env).get(VISIBLE)
     if visible is None:
         return visible_index
-    ids: list[int | str] = []
-    for part in (p.strip() for p in visible.split(",")):
-        if part.isdigit():
-            ids.append(int(part))
-        elif part.startswith(("GPU-", "MIG-")):
-            ids.append(part)
-        else:  # "-1", "" or garbage: CUDA ignores this entry and every later one
-            break
+    ids = visible_gpus(visible)
     return ids[visible_index] if visible_index < len(ids) else None
 
 

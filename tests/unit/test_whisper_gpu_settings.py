@@ -233,6 +233,11 @@ def test_gpu_choice(
     assert (choice.index, choice.pin) == expected
 
 
+def test_a_gpu_after_an_invalid_entry_is_not_visible() -> None:
+    with pytest.raises(EngineUnavailable):  # CUDA stops reading the list at "-1"
+        choose_gpu(1, 0, "0,-1,1", "VA_X__GPU")
+
+
 def test_pin_gpu_writes_the_environment() -> None:
     env: dict[str, str] = {}
     assert pin_gpu(1, 0, env, "VA_X__GPU") == 0
