@@ -34,6 +34,18 @@ class AsrJob(BusMessage):
     language: str | None = None
     enqueued_at: float = 0.0
 
+    def result(self, text: str, language: str | None = None, latency_ms: float = 0.0) -> AsrResult:
+        """This job's transcript, addressed back to its session and utterance."""
+        return AsrResult(
+            job_id=self.job_id,
+            session_id=self.session_id,
+            utterance_id=self.utterance_id,
+            mode=self.mode,
+            text=text,
+            language=language,
+            latency_ms=latency_ms,
+        )
+
 
 class TtsJob(BusMessage):
     kind: Literal["tts.job"] = "tts.job"
@@ -49,6 +61,31 @@ class TtsJob(BusMessage):
     cfg_weight: float | None = None
     temperature: float | None = None
     enqueued_at: float = 0.0
+
+    def chunk(self, index: int) -> TtsChunk:
+        """The meta of this job's `index`-th audio chunk."""
+        return TtsChunk(
+            job_id=self.job_id,
+            session_id=self.session_id,
+            response_id=self.response_id,
+            seq=self.seq,
+            index=index,
+            sample_rate=self.sample_rate,
+        )
+
+    def done(
+        self, chunks: int, audio_ms: int, status: Literal["completed", "cancelled"]
+    ) -> TtsDone:
+        """This job's end: how many chunks and how much audio it sent."""
+        return TtsDone(
+            job_id=self.job_id,
+            session_id=self.session_id,
+            response_id=self.response_id,
+            seq=self.seq,
+            chunks=chunks,
+            audio_ms=audio_ms,
+            status=status,
+        )
 
 
 class AsrResult(BusMessage):

@@ -27,7 +27,7 @@ from starlette.websockets import WebSocketState
 
 from services.common.audio import pcm16_to_float
 from services.common.events import SessionConfig
-from services.common.jobs import AsrJob, AsrResult, BusResult, TtsChunk, TtsDone, TtsJob
+from services.common.jobs import AsrJob, BusResult, TtsJob
 from services.common.listener import Listener
 from services.common.vad import SileroVad, VadSettings
 from services.common.ws import Channel, Disconnected
@@ -145,14 +145,7 @@ class FakeBus:
             self.loop.call_later(self.asr_delay_s, self._asr_result, job, text)
 
     def _asr_result(self, job: AsrJob, text: str) -> None:
-        result = AsrResult(
-            job_id=job.job_id,
-            session_id=job.session_id,
-            utterance_id=job.utterance_id,
-            mode=job.mode,
-            text=text,
-        )
-        self.deliver(result, None)
+        self.deliver(job.result(text), None)
 
     async def submit_tts(self, job: TtsJob) -> None:
         self.tts_jobs.append((self.loop.time(), job))
@@ -168,35 +161,12 @@ class FakeBus:
             if self.is_cancelled(job.response_id):
                 break  # the worker stops between chunks
             pcm = tone(self.tts_piece_ms, job.sample_rate)
-            self.deliver(self.chunk(job, index), pcm)
+            self.deliver(job.chunk(index), pcm)
             await asyncio.sleep(self.tts_chunk_s)
         else:
-            self.deliver(self.done(job, pieces), None)
+            self.deliver(job.done(pieces, pieces * self.tts_piece_ms, "completed"), None)
             return
-        self.deliver(self.done(job, index, "cancelled"), None)
-
-    @staticmethod
-    def chunk(job: TtsJob, index: int) -> TtsChunk:
-        return TtsChunk(
-            job_id=job.job_id,
-            session_id=job.session_id,
-            response_id=job.response_id,
-            seq=job.seq,
-            index=index,
-            sample_rate=job.sample_rate,
-        )
-
-    @staticmethod
-    def done(job: TtsJob, chunks: int, status: str = "completed") -> TtsDone:
-        return TtsDone(
-            job_id=job.job_id,
-            session_id=job.session_id,
-            response_id=job.response_id,
-            seq=job.seq,
-            chunks=chunks,
-            audio_ms=chunks * 200,
-            status=status,  # type: ignore[arg-type]
-        )
+        self.deliver(job.done(index, index * self.tts_piece_ms, "cancelled"), None)
 
     def is_cancelled(self, response_id: str) -> bool:
         return any(r == response_id for _, r in self.cancelled)

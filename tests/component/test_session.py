@@ -154,7 +154,7 @@ async def test_barge_in_cancels_end_to_end() -> None:
         cleared = h.time_of("output_audio.clear")
         # whatever the TTS workers still send for it is dropped
         job = h.bus.tts_jobs[0][1]
-        h.session.deliver(h.bus.chunk(job, 99), tone(200))
+        h.session.deliver(job.chunk(99), tone(200))
         await h.say(silence(500))
     started = h.time_of("speech.started", 1)
     # cancelled once the user has spoken barge_in_min_ms (300 ms) over the agent
