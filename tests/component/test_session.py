@@ -204,10 +204,22 @@ async def test_speech_without_agent_audio_cancels_nothing() -> None:
     assert h.of_type("output_audio.clear") == []
 
 
+def holding() -> TrailingWordHeuristic:
+    """The end-of-turn policy that holds on 700 ms after a trailing "and", "the"..."""
+    return TrailingWordHeuristic(GatewaySection(end_of_turn_hold_ms=700))
+
+
+async def one_turn_under_hold(transcript: str) -> Harness:
+    """A short utterance, heard as `transcript`, until its response starts."""
+    async with running_session(end_of_turn=holding(), transcripts=[transcript]) as h:
+        await h.say(silence(200), tone(600), silence(800))
+        await h.wait_for("response.created")
+    return h
+
+
 @on_virtual_time
 async def test_end_of_turn_hold_joins_a_paused_sentence() -> None:
-    policy = TrailingWordHeuristic(GatewaySection(end_of_turn_hold_ms=700))
-    async with running_session(end_of_turn=policy, transcripts=["go to the", "station"]) as h:
+    async with running_session(end_of_turn=holding(), transcripts=["go to the", "station"]) as h:
         await h.say(silence(200), tone(800), silence(800))
         await h.wait_for("transcript.final")
         await h.say(silence(300), tone(600), silence(900))  # goes on inside the hold
@@ -220,10 +232,7 @@ async def test_end_of_turn_hold_joins_a_paused_sentence() -> None:
 
 @on_virtual_time
 async def test_end_of_turn_hold_runs_out() -> None:
-    policy = TrailingWordHeuristic(GatewaySection(end_of_turn_hold_ms=700))
-    async with running_session(end_of_turn=policy, transcripts=["bread and"]) as h:
-        await h.say(silence(200), tone(600), silence(800))
-        await h.wait_for("response.created")
+    h = await one_turn_under_hold("bread and")
     held = h.time_of("response.created") - h.time_of("transcript.final")
     assert held == pytest.approx(0.7)
 
@@ -232,8 +241,7 @@ async def test_end_of_turn_hold_runs_out() -> None:
 async def test_a_failed_transcript_releases_the_hold_and_its_timer() -> None:
     expired = metrics.TURN_HOLDS.labels("expired")
     before = expired._value.get()
-    policy = TrailingWordHeuristic(GatewaySection(end_of_turn_hold_ms=700))
-    async with running_session(end_of_turn=policy, transcripts=["bread and"]) as h:
+    async with running_session(end_of_turn=holding(), transcripts=["bread and"]) as h:
         await h.say(silence(200), tone(600), silence(800))
         await h.wait_for("transcript.final")
         failed = JobFailed(
@@ -248,10 +256,7 @@ async def test_a_failed_transcript_releases_the_hold_and_its_timer() -> None:
 
 @on_virtual_time
 async def test_no_hold_after_a_complete_sentence() -> None:
-    policy = TrailingWordHeuristic(GatewaySection(end_of_turn_hold_ms=700))
-    async with running_session(end_of_turn=policy, transcripts=["bread please"]) as h:
-        await h.say(silence(200), tone(600), silence(800))
-        await h.wait_for("response.created")
+    h = await one_turn_under_hold("bread please")
     assert h.time_of("response.created") == pytest.approx(h.time_of("transcript.final"))
 
 
