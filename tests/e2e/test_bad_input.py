@@ -1,4 +1,4 @@
-"""Bad input on every endpoint: the typed error of PROTOCOL.md, and a connection that still works.
+"""Bad input on every endpoint: docs/protocol.md's typed error, and a connection that still works.
 
 Non-fatal errors are followed, on the same connection, by an operation that succeeds.
 """

@@ -1,4 +1,4 @@
-"""The services' own streams end to end: `/v1/stream/asr` and `/v1/stream/tts` (PROTOCOL.md)."""
+"""The services' own streams end to end: /v1/stream/asr and /v1/stream/tts (docs/protocol.md)."""
 
 from __future__ import annotations
 
