@@ -23,11 +23,9 @@ from services.common.events import (
 from services.common.service import ServiceState
 from services.common.ws import Channel, Disconnected
 from services.tts.engines.base import SpeechRequest
-from services.tts.settings import TtsSection
 from services.tts.synthesizer import Synthesizer
 
 MAX_QUEUED = 32
-DEFAULT_MAX_INPUT_CHARS: int = TtsSection.model_fields["max_input_chars"].default
 
 
 class TtsStream:
@@ -38,7 +36,7 @@ class TtsStream:
         channel: Channel,
         synthesizer: Synthesizer,
         default_rate: int,
-        max_input_chars: int = DEFAULT_MAX_INPUT_CHARS,
+        max_input_chars: int,
     ) -> None:
         self.channel = channel
         self.synthesizer = synthesizer
@@ -134,7 +132,7 @@ async def serve_tts_stream(
     synthesizer: Synthesizer,
     default_rate: int,
     max_frame_bytes: int,
-    max_input_chars: int = DEFAULT_MAX_INPUT_CHARS,
+    max_input_chars: int,
 ) -> None:
     """Accept and serve one connection."""
     await ws.accept()
