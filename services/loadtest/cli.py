@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import shlex
 import sys
 import threading
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from services.common.client import StreamClient
-from services.common.report import stamped
+from services.common.report import write
 from services.loadtest.corpus import CorpusError, Utterance, espeak_corpus, folder_corpus
 from services.loadtest.level import LevelPart, level_report, mark_bottlenecks
 from services.loadtest.progress import ProgressLine
@@ -157,9 +156,7 @@ def execute(args: argparse.Namespace, command_line: str) -> int:
     levels = _run_levels(args, _plan(args, corpus), services)
     result = _result(args, corpus, target, levels)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        body = json.dumps(stamped(result, command_line), indent=2) + "\n"
-        args.out.write_text(body, encoding="utf-8")
+        write(args.out, result, command_line)
     if args.plots:
         from services.loadtest.plots import write_plots
 
