@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 
-.PHONY: run test lint typecheck unit system-deps install-lite install-tests clean
+.PHONY: run test lint typecheck unit system-deps install-lite install-tests install-gpu clean
 
 ## make run: create .venv, install the lite profile, start Redis (if none), ASR, TTS, gateway.
 run: install-lite
@@ -29,7 +29,6 @@ $(VENV)/.tests-installed: pyproject.toml | $(BIN)/python
 	touch $@ $(VENV)/.lite-installed
 
 ## make install-gpu: on a CUDA host, build .venv (ASR + gateway) and .venv-tts (chatterbox TTS).
-.PHONY: install-gpu
 install-gpu:
 	bash scripts/install_gpu.sh
 
