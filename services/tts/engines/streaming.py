@@ -49,10 +49,6 @@ class TokenChunker:
         self._rendered = 0
         """Tokens already covered by a segment."""
 
-    @property
-    def count(self) -> int:
-        return len(self._tokens)
-
     def push(self, token: int) -> Segment | None:
         """Add one token; a segment when enough new tokens have come."""
         self._tokens.append(token)
