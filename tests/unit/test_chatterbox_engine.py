@@ -343,8 +343,11 @@ def test_concurrent_streams_interleave_token_by_token(models_dir: Path) -> None:
 def test_voices_are_builtin_plus_clips(models_dir: Path, voices_dir: Path) -> None:
     engine, _ = make(models_dir, voices_dir)
     assert engine.voices() == ["alice", "bob", "default"]
+    assert all(engine.has_voice(v) for v in ("alice", "bob", "default"))
+    assert not any(engine.has_voice(v) for v in ("carol", "bad name", "../voices/alice", ""))
     bare, _ = make(models_dir, voices_dir, builtin=False)
     assert bare.voices() == ["alice", "bob"]
+    assert not bare.has_voice("default")
     with pytest.raises(UnknownVoice):
         bare.synthesize(request("hi"))
 
@@ -410,7 +413,7 @@ def test_library_voice_speaks_with_its_clip(models_dir: Path, tmp_path: Path) ->
     audio(engine, "hello", voice)
     assert backend.prepared == ["v_123"]
     assert backend.token_calls[-1].voice == "v_123"
-    assert "v_123" not in engine.voices()
+    assert "v_123" not in engine.voices() and not engine.has_voice("v_123")
     engine.forget_voice("v_123")
     with pytest.raises(UnknownVoice):
         engine.synthesize(request("hello", "v_123"))

@@ -171,8 +171,11 @@ class ChatterboxEngine:
         return sorted(ids)
 
     def has_voice(self, voice: str) -> bool:
-        """`default` (built-in conditioning) or a clip in voices_dir."""
-        return voice in self.voices()
+        """`default` (built-in conditioning) or a clip in voices_dir: no folder listing."""
+        with self._cache:
+            if voice in self._conds and voice not in self._library:
+                return True
+        return self._dir_clip(voice) is not None
 
     def library_voice(self, voice: LibraryVoice) -> str:
         """A library voice speaks with its own clip, under its own id."""
@@ -195,6 +198,9 @@ class ChatterboxEngine:
         with self._cache:
             if voice in self._library:
                 return self._library[voice]
+        return self._dir_clip(voice)
+
+    def _dir_clip(self, voice: str) -> Path | None:
         if self._voices_dir is None or not _SAFE_NAME.match(voice):
             return None
         path = self._voices_dir / f"{voice}.wav"
@@ -236,7 +242,7 @@ class ChatterboxEngine:
             return iter(())
         return self._stream(backend, voice, request)
 
-    def sampling(self, request: SpeechRequest) -> Sampling:
+    def _sampling(self, request: SpeechRequest) -> Sampling:
         """The request's sampling: its own values where given, the settings' otherwise."""
         s = self._settings
         return Sampling(
@@ -258,25 +264,25 @@ class ChatterboxEngine:
         per_token = self.sample_rate * TOKEN_MS // 1000
         fader = CrossFader(self.sample_rate * s.overlap_ms // 1000)
         stop = request.should_stop or _never
-        steps = backend.tokens(conds, request.text, self.sampling(request))
+        steps = backend.tokens(conds, request.text, self._sampling(request))
         try:
-            for token in self.token_loop(steps, stop):
+            for token in self._token_loop(steps, stop):
                 segment = chunker.push(token)
                 if segment is not None:
-                    audio = fader.push(
-                        segment.start * per_token, self.render(conds, segment), False
-                    )
+                    rendered = self._render(backend, conds, segment)
+                    audio = fader.push(segment.start * per_token, rendered, False)
                     if audio.size:
                         yield audio
             last = None if stop() else chunker.finish()
             if last is not None:
-                yield fader.push(last.start * per_token, self.render(conds, last), True)
+                rendered = self._render(backend, conds, last)
+                yield fader.push(last.start * per_token, rendered, True)
         finally:
             close = getattr(steps, "close", None)
             if close is not None:
                 close()
 
-    def token_loop(self, steps: Iterator[int], stop: Callable[[], bool]) -> Iterator[int]:
+    def _token_loop(self, steps: Iterator[int], stop: Callable[[], bool]) -> Iterator[int]:
         """Tokens from the backend, one model step per turn; stops as soon as `stop()`."""
         while not stop():
             with self._gpu:
@@ -285,9 +291,8 @@ class ChatterboxEngine:
                 return
             yield token
 
-    def render(self, conds: Any, segment: Segment) -> AudioF32:
+    def _render(self, backend: SpeechBackend, conds: Any, segment: Segment) -> AudioF32:
         """One S3Gen rendering, on the model in its turn."""
-        backend = self._loaded()
         with self._gpu:
             return backend.render(conds, segment.tokens, segment.final)
 
