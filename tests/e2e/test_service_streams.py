@@ -140,12 +140,15 @@ async def test_asr_stream_partials_only_when_asked(lite_stack: Stack) -> None:
     assert recall(LONG, final_without["text"]) >= 0.6, final_without
 
 
-@pytest.mark.parametrize("path", ["/v1/stream", "/v1/stream/asr", "/v1/stream/tts"])
-async def test_servers_never_send_permessage_deflate(lite_stack: Stack, path: str) -> None:
-    server = {"/v1/stream": lite_stack.gateway, "/v1/stream/asr": lite_stack.asr}.get(
-        path, lite_stack.tts
-    )
-    async with websockets.asyncio.client.connect(server.ws + path, compression="deflate") as ws:
+@pytest.mark.parametrize(
+    ("service", "path"),
+    [("gateway", "/v1/stream"), ("asr", "/v1/stream/asr"), ("tts", "/v1/stream/tts")],
+)
+async def test_servers_never_send_permessage_deflate(
+    lite_stack: Stack, service: str, path: str
+) -> None:
+    url = lite_stack.servers[service].ws + path
+    async with websockets.asyncio.client.connect(url, compression="deflate") as ws:
         assert ws.response is not None
         assert "Sec-WebSocket-Extensions" not in ws.response.headers
         assert ws.protocol.extensions == []
