@@ -119,6 +119,11 @@ class VoiceLibrarySettings(BaseModel):
     sample_rate: int = Field(default=24000, ge=8000, le=48000)
     """Rate of the stored clips (chatterbox's own)."""
 
+    @property
+    def max_upload_bytes(self) -> int:
+        """`max_upload_mb` in bytes."""
+        return int(self.max_upload_mb * 1024 * 1024)
+
     @model_validator(mode="after")
     def _durations_in_order(self) -> VoiceLibrarySettings:
         if self.min_duration_s >= self.max_duration_s:

@@ -69,14 +69,10 @@ def analyze(samples: AudioF32, rate: int) -> ClipStats:
 
 def check_clip(stats: ClipStats, settings: VoiceLibrarySettings) -> None:
     """Raise InvalidAudio naming what is wrong with a clip (and what would be accepted)."""
-    if stats.duration_s < settings.min_duration_s:
+    if not settings.min_duration_s <= stats.duration_s <= settings.max_duration_s:
+        length = "short" if stats.duration_s < settings.min_duration_s else "long"
         raise InvalidAudio(
-            f"the clip is too short ({stats.duration_s:.1f} s): a voice needs "
-            f"{settings.min_duration_s:g} to {settings.max_duration_s:g} s of speech"
-        )
-    if stats.duration_s > settings.max_duration_s:
-        raise InvalidAudio(
-            f"the clip is too long ({stats.duration_s:.1f} s): a voice needs "
+            f"the clip is too {length} ({stats.duration_s:.1f} s): a voice needs "
             f"{settings.min_duration_s:g} to {settings.max_duration_s:g} s of speech"
         )
     if stats.rms_dbfs < settings.min_rms_dbfs:
@@ -93,9 +89,8 @@ def check_clip(stats: ClipStats, settings: VoiceLibrarySettings) -> None:
 
 def decode_clip(data: bytes, settings: VoiceLibrarySettings) -> tuple[AudioF32, ClipStats]:
     """Decode and validate an upload; blocking (PyAV): call it off the event loop."""
-    limit = int(settings.max_upload_mb * 1024 * 1024)
-    if len(data) > limit:
-        raise InvalidAudio(f"the upload exceeds {limit} bytes")
+    if len(data) > settings.max_upload_bytes:
+        raise InvalidAudio(f"the upload exceeds {settings.max_upload_bytes} bytes")
     samples = decode_file(data, settings.sample_rate)
     stats = analyze(samples, settings.sample_rate)
     check_clip(stats, settings)

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, File, Form, UploadFile
 from fastapi.responses import JSONResponse
 
-from services.common.errors import InvalidAudio, InvalidMessage, UnknownVoice
+from services.common.errors import InvalidMessage, UnknownVoice
 from services.tts.engines.base import LibraryVoice
 from services.tts.synthesizer import OPENAI_VOICES, Synthesizer
 from services.tts.voices import VoiceLibrary, decode_clip
@@ -49,7 +49,6 @@ def router(synthesizer: Synthesizer, library: VoiceLibrary) -> APIRouter:
     """The voice-library routes of the TTS service."""
     api = APIRouter()
     engine = synthesizer.engine
-    limit = int(library.settings.max_upload_mb * 1024 * 1024)
 
     @api.post("/v1/voices", status_code=201)
     async def upload(
@@ -58,9 +57,7 @@ def router(synthesizer: Synthesizer, library: VoiceLibrary) -> APIRouter:
         espeak_voice: Annotated[str | None, Form()] = None,
     ) -> dict[str, Any]:
         label, stand_in = _name(name), _espeak_voice(espeak_voice)
-        data = await file.read(limit + 1)
-        if len(data) > limit:
-            raise InvalidAudio(f"the upload exceeds {limit} bytes")
+        data = await file.read(library.settings.max_upload_bytes + 1)  # over: decode_clip says so
         samples, stats = await asyncio.to_thread(decode_clip, data, library.settings)
         info = await library.add(samples, stats, label, stand_in)
         try:  # the engine may refuse it (espeak: an unknown stand-in) or fail to prepare it
