@@ -24,5 +24,4 @@ def ops_app(service: str, redis: RedisSettings, engine: str = "fake") -> FastAPI
 
     app = FastAPI(lifespan=lifespan)
     install_ops(app, state)
-    app.state.service = state
     return app
