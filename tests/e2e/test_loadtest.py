@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import wave
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from websockets.asyncio.server import ServerConnection, serve
 
+from services.common.client import write_wav
 from services.common.redis_server import free_port
 from services.loadtest.cli import main
 from tests.conftest import Stack
@@ -136,11 +136,7 @@ async def send(ws: ServerConnection, event: dict[str, Any]) -> None:
 def write_noise(folder: Path, name: str, script: str) -> None:
     """Half a second of loud noise (every frame non-zero) and its script."""
     samples = np.random.default_rng(1).integers(1000, 8000, 8000, dtype=np.int16)
-    with wave.open(str(folder / f"{name}.wav"), "wb") as wav:
-        wav.setnchannels(1)
-        wav.setsampwidth(2)
-        wav.setframerate(16000)
-        wav.writeframes(samples.tobytes())
+    write_wav(folder / f"{name}.wav", samples.tobytes(), 16000)
     (folder / f"{name}.txt").write_text(script)
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from services.common.client import write_wav
 from services.common.redis_server import free_port
 from services.loadtest.cli import add_loadtest_command, main
 from services.loadtest.contract import Conversation
@@ -82,29 +83,27 @@ def test_audio_after_response_done_is_a_violation_reported_once() -> None:
     ]
 
 
-def test_audio_after_output_audio_clear_is_a_violation() -> None:
-    messages: list[Message] = [
+def cleared(status: str) -> list[Message]:
+    """Response r1: one frame, output_audio.clear, then response.done with `status`."""
+    return [
         (1.0, {"type": "response.created", "response_id": "r1"}),
         (1.1, FRAME),
         (1.2, {"type": "output_audio.clear", "response_id": "r1"}),
-        (1.25, FRAME),
-        (1.3, {"type": "response.done", "response_id": "r1", "status": "cancelled", "text": ""}),
+        (1.3, {"type": "response.done", "response_id": "r1", "status": status, "text": ""}),
     ]
-    conversation = fed(*messages)
+
+
+def test_audio_after_output_audio_clear_is_a_violation() -> None:
+    conversation = fed(*sorted([*cleared("cancelled"), (1.25, FRAME)], key=lambda m: m[0]))
     assert conversation.violations == [
         "session s1: agent audio after output_audio.clear (last response: r1)"
     ]
 
 
 def test_cleared_response_must_end_cancelled_and_every_response_must_end() -> None:
-    messages: list[Message] = [
-        (1.0, {"type": "response.created", "response_id": "r1"}),
-        (1.1, FRAME),
-        (1.2, {"type": "output_audio.clear", "response_id": "r1"}),
-        (1.3, {"type": "response.done", "response_id": "r1", "status": "completed", "text": ""}),
-        (2.0, {"type": "response.created", "response_id": "r2"}),
-    ]
-    conversation = fed(*messages)
+    conversation = fed(
+        *cleared("completed"), (2.0, {"type": "response.created", "response_id": "r2"})
+    )
     assert conversation.violations == [
         "session s1: r1 got output_audio.clear but ended 'completed'",
         "session s1: no response.done for r2",
@@ -357,20 +356,10 @@ def test_no_server_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert "no .wav files" in capsys.readouterr().err
     (tmp_path / "a.wav").write_bytes(b"not a wav")
     assert main(["--url", url, "--audio", str(tmp_path)]) == 2
-    write_silence(tmp_path / "a.wav")
+    write_wav(tmp_path / "a.wav", bytes(3200), 16000)  # 0.1 s of silence
     assert main(["--url", url, "--audio", str(tmp_path), "--out", str(out)]) == 2
     assert "cannot open a session" in capsys.readouterr().err
     assert not out.exists()
-
-
-def write_silence(path: Path) -> None:
-    import wave
-
-    with wave.open(str(path), "wb") as wav:
-        wav.setnchannels(1)
-        wav.setsampwidth(2)
-        wav.setframerate(16000)
-        wav.writeframes(bytes(3200))
 
 
 def test_the_subcommand_registers_on_a_cli() -> None:
