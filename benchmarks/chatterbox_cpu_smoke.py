@@ -37,8 +37,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import chatterbox_random
-from benchmarks.report import write
-from services.common.report import versions
+from benchmarks.report import versions, write
 from services.tts.engines.base import AudioF32, SpeechRequest
 from services.tts.engines.chatterbox import ChatterboxEngine, Sampling, SpeechBackend, load_backend
 from services.tts.settings import TOKEN_MS, ChatterboxSettings

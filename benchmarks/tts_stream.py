@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import string
 import tempfile
 import time
 from contextlib import aclosing
@@ -142,11 +141,14 @@ def random_chatterbox(device: str, workdir: Path) -> Any:
     from chatterbox.models.voice_encoder import VoiceEncoder
     from chatterbox.tts import ChatterboxTTS, Conditionals
 
+    from benchmarks.chatterbox_random import character_tokenizer
+
     torch.manual_seed(0)
     t3 = T3().to(device).eval()
     s3gen = S3Gen().to(device).eval()
     voice_encoder = VoiceEncoder().to(device).eval()
-    tokenizer = EnTokenizer(str(character_tokenizer(workdir / "tokenizer.json")))
+    path = character_tokenizer(workdir / "tokenizer.json", t3.hp.text_tokens_dict_size)
+    tokenizer = EnTokenizer(str(path))
     prompt = t3.hp.speech_cond_prompt_len
     t3_cond = T3Cond(
         speaker_emb=torch.randn(1, t3.hp.speaker_embed_size),
@@ -162,20 +164,6 @@ def random_chatterbox(device: str, workdir: Path) -> Any:
     }
     conds = Conditionals(t3_cond, reference).to(device)
     return ChatterboxTTS(t3, s3gen, voice_encoder, tokenizer, device, conds=conds)
-
-
-def character_tokenizer(path: Path) -> Path:
-    """A character-level tokenizer.json with chatterbox's special tokens (ids < 704)."""
-    from tokenizers import Tokenizer, models
-
-    specials = ["[START]", "[STOP]", "[UNK]", "[SPACE]", "[PAD]"]
-    chars = sorted(set(string.ascii_letters + string.digits + string.punctuation))
-    vocab = {token: i for i, token in enumerate([*specials, *chars])}
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="[UNK]"))
-    tokenizer.add_special_tokens(specials)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(str(path))
-    return path
 
 
 async def measure(engine: TtsEngine, voice: str, args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from benchmarks import asr_batching, report, tts_stream
+from benchmarks import asr_batching, chatterbox_random, report, tts_stream
 from services.asr.engines.whisper import FasterWhisperEngine
 from services.asr.settings import WhisperSettings
 from tests.tiny_whisper import build_tiny_whisper
@@ -42,7 +42,7 @@ async def test_tts_levels_report_first_audio_and_rtf() -> None:
 
 
 def test_character_tokenizer_fits_chatterbox(tmp_path: Path) -> None:
-    path = tts_stream.character_tokenizer(tmp_path / "tokenizer.json")
+    path = chatterbox_random.character_tokenizer(tmp_path / "tokenizer.json", 704)
     tokenizer = Tokenizer.from_file(str(path))
     vocab = tokenizer.get_vocab()
     assert {"[START]", "[STOP]", "[SPACE]", "[UNK]"} <= set(vocab)
