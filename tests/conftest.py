@@ -8,7 +8,6 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -23,7 +22,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 class RedisProc:
     port: int
     proc: subprocess.Popen[bytes]
-    workdir: Path
 
     @property
     def url(self) -> str:
@@ -36,19 +34,14 @@ class RedisProc:
         self.proc.terminate()
         self.proc.wait(timeout=10)
 
-    def restart(self) -> None:
-        self.proc = start_redis(self.port, self.workdir)
-
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProc]:
     """A real redis-server of our own, on a free port."""
     port = free_port()
-    workdir = tmp_path_factory.mktemp("redis")
-    server = RedisProc(port, start_redis(port, workdir), workdir)
+    server = RedisProc(port, start_redis(port, tmp_path_factory.mktemp("redis")))
     yield server
-    server.proc.terminate()
-    server.proc.wait(timeout=10)
+    server.stop()
 
 
 @dataclass
