@@ -26,7 +26,7 @@ class SphinxEngine:
         self.settings = settings
         self.model = str(settings.hmm) if settings.hmm else "pocketsphinx en-us"
         self._decoder: Any = None
-        self._sliced_decoder: Any = None  # partials: its running feature state stays apart
+        self._sliced_decoder: Any = None  # partials: all their decoder state stays apart
         self._lock = threading.Lock()
 
     def load(self) -> None:
@@ -80,23 +80,35 @@ class SphinxEngine:
         duration = item.audio.size / self.sample_rate
         if item.audio.size < self.sample_rate // 10:
             return Transcript(text="", language="en", duration_s=duration)
-        decoder = self._decoder if stop is None else self._sliced_decoder
-        if stop is not None:  # start from the feature means the finals have learned
-            decoder.set_cmn(self._decoder.get_cmn())
         pad = np.zeros(self.sample_rate // 4, dtype=np.float32)  # room for its endpointing
-        audio = np.concatenate([pad, item.audio.astype(np.float32), pad])
-        pcm = float_to_pcm16(audio)
-        decoder.start_utt()
-        if stop is None:
-            decoder.process_raw(pcm, False, True)  # whole utterance: batch normalization
-        else:
-            step = 2 * self.sample_rate // 10
-            for start in range(0, len(pcm), step):
-                if stop.is_set():
-                    decoder.end_utt()
-                    raise Interrupted
-                decoder.process_raw(pcm[start : start + step], False, False)
-        decoder.end_utt()
-        hyp = decoder.hyp()
-        text = hyp.hypstr.strip() if hyp is not None else ""
+        pcm = float_to_pcm16(np.concatenate([pad, item.audio.astype(np.float32), pad]))
+        text = self._decode_whole(pcm) if stop is None else self._decode_sliced(pcm, stop)
         return Transcript(text=text, language="en", duration_s=duration)
+
+    def _decode_whole(self, pcm: bytes) -> str:
+        """The whole utterance at once: features normalized over all of it (finals)."""
+        decoder = self._decoder
+        decoder.start_utt()
+        decoder.process_raw(pcm, False, True)
+        decoder.end_utt()
+        return _text(decoder)
+
+    def _decode_sliced(self, pcm: bytes, stop: threading.Event) -> str:
+        """100 ms at a time on the partials' decoder, from the feature means the finals'
+        decoder has learned; Interrupted within one slice of `stop`."""
+        decoder = self._sliced_decoder
+        decoder.set_cmn(self._decoder.get_cmn())
+        step = 2 * self.sample_rate // 10  # bytes of PCM16
+        decoder.start_utt()
+        for start in range(0, len(pcm), step):
+            if stop.is_set():
+                decoder.end_utt()
+                raise Interrupted
+            decoder.process_raw(pcm[start : start + step], False, False)
+        decoder.end_utt()
+        return _text(decoder)
+
+
+def _text(decoder: Any) -> str:
+    hyp = decoder.hyp()
+    return hyp.hypstr.strip() if hyp is not None else ""
