@@ -19,6 +19,7 @@ VAD_RATE = 16000
 
 
 _Waiting = tuple["Listener", AudioF32, asyncio.Future[list[TurnEvent]]]
+_NO_PROBS = np.zeros(0, dtype=np.float32)
 
 
 class HearingBatcher:
@@ -30,7 +31,8 @@ class HearingBatcher:
     the next batch, so batches grow with the load and nothing waits on a timer. The
     model runs in its own thread (onnxruntime releases the GIL), so the event loop
     keeps serving sockets during a large batch. A stream is only ever in one batch:
-    its session waits for the result before it hears its next frame.
+    its session waits for the result before it hears its next frame. A frame that
+    completes no 32 ms window skips the model (and the wait) altogether.
     """
 
     def __init__(self, vad: SileroVad) -> None:
@@ -42,8 +44,10 @@ class HearingBatcher:
         self.streams_run = 0
 
     async def hear(self, listener: Listener, samples: AudioF32) -> list[TurnEvent]:
-        loop = asyncio.get_running_loop()
         listener.stream.append(samples)
+        if listener.stream.pending_windows == 0:  # no window complete: nothing for the model
+            return listener.segmenter.feed(samples, _NO_PROBS)
+        loop = asyncio.get_running_loop()
         future: asyncio.Future[list[TurnEvent]] = loop.create_future()
         self._waiting.append((listener, samples, future))
         if not self._busy:
