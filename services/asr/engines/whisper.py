@@ -159,18 +159,15 @@ class FasterWhisperEngine:
                 f"faster-whisper warm-up failed on {self.device}: {exc}"
             ) from exc
 
-    def transcribe_batch(self, items: Sequence[AsrInput]) -> list[Transcript]:
-        return self._transcribe_batch(items, None)
-
     def transcribe_batch_until(
         self, items: Sequence[AsrInput], stop: threading.Event
     ) -> list[Transcript]:
         """As `transcribe_batch`, giving up (Interrupted) before encoding or generating
         once `stop` is set: one encode is the longest a final waits for partials."""
-        return self._transcribe_batch(items, stop)
+        return self.transcribe_batch(items, stop)
 
-    def _transcribe_batch(
-        self, items: Sequence[AsrInput], stop: threading.Event | None
+    def transcribe_batch(
+        self, items: Sequence[AsrInput], stop: threading.Event | None = None
     ) -> list[Transcript]:
         if self._whisper is None:
             raise EngineUnavailable("the faster-whisper model is not loaded")
@@ -192,18 +189,14 @@ class FasterWhisperEngine:
                 )
         return results
 
-    def _run(
-        self, batch: list[_Utterance], stop: threading.Event | None = None
-    ) -> list[tuple[str, str]]:
+    def _run(self, batch: list[_Utterance], stop: threading.Event | None) -> list[tuple[str, str]]:
         import ctranslate2
 
         model = self._whisper.model
         features = np.ascontiguousarray(np.stack([u.features for u in batch]))
-        if stop is not None and stop.is_set():
-            raise Interrupted
+        _unless_stopped(stop)
         encoded = model.encode(ctranslate2.StorageView.from_array(features))
-        if stop is not None and stop.is_set():
-            raise Interrupted
+        _unless_stopped(stop)
         languages = self._languages(encoded, [u.language for u in batch])
         limits = [max_new_tokens(u.duration_s) for u in batch]
         results = model.generate(
@@ -328,6 +321,11 @@ class FasterWhisperEngine:
                 f"(CUDA_VISIBLE_DEVICES={visible}); indices count from 0 among the visible "
                 "GPUs: set VA_ASR__WHISPER__DEVICE_INDEX accordingly"
             )
+
+
+def _unless_stopped(stop: threading.Event | None) -> None:
+    if stop is not None and stop.is_set():
+        raise Interrupted
 
 
 def _mono(audio: AudioF32) -> AudioF32:
