@@ -55,10 +55,14 @@ class FakeEngine:
         assert self.release.wait(10), "the test never released the model"
         if self.fail_on is not None and self.fail_on in labels:
             raise RuntimeError(f"engine failed on {self.fail_on}")
-        return [Transcript(text=f"text of {label}", language=label) for label in labels]
+        return transcripts(labels)
 
     def sizes(self) -> list[int]:
         return [len(batch) for batch in self.batches]
+
+
+def transcripts(labels: list[str]) -> list[Transcript]:
+    return [Transcript(text=f"text of {label}", language=label) for label in labels]
 
 
 def item(label: str) -> AsrInput:
@@ -95,18 +99,34 @@ async def settle(batcher: Batcher, depth: int) -> None:
     raise AssertionError(f"queue depth {batcher.depth()}, expected {depth}")
 
 
+def finals(*labels: str) -> list[tuple[str, Mode]]:
+    return [(label, "final") for label in labels]
+
+
+def partials(*labels: str) -> list[tuple[str, Mode]]:
+    return [(label, "partial") for label in labels]
+
+
+async def behind_first(
+    batcher: Batcher, engine: FakeEngine, first: str, waiting: list[tuple[str, Mode]]
+) -> list[asyncio.Task[Transcript]]:
+    """`first` (a final) holds the model while `waiting` queues up; every task, in that order."""
+    tasks = [submit(batcher, first)]
+    await busy(engine)
+    tasks += [submit(batcher, label, mode) for label, mode in waiting]
+    await settle(batcher, len(waiting))
+    return tasks
+
+
 async def test_the_rest_go_in_one_batch_while_the_model_is_busy(
     running: list[asyncio.Task[None]],
 ) -> None:
     engine = FakeEngine(hold_first=True)
     batcher = Batcher(engine, max_batch=8, max_queue=100)
     start(batcher, running)
-    first = submit(batcher, "u0")
-    await busy(engine)
-    rest = [submit(batcher, f"u{i}") for i in range(1, 21)]
-    await settle(batcher, 20)
+    tasks = await behind_first(batcher, engine, "u0", finals(*(f"u{i}" for i in range(1, 21))))
     engine.release.set()
-    results = await asyncio.gather(first, *rest)
+    results = await asyncio.gather(*tasks)
     assert engine.sizes() == [1, 8, 8, 4]
     assert [r.language for r in results] == [f"u{i}" for i in range(21)]
     assert [label for batch in engine.batches for label in batch] == [f"u{i}" for i in range(21)]
@@ -121,34 +141,28 @@ async def test_everything_waiting_at_once_is_one_batch(running: list[asyncio.Tas
     assert engine.sizes() == [12]
 
 
+@pytest.mark.parametrize(
+    ("max_batch", "waiting_partials", "expected"),
+    [
+        (4, 3, [["f0"], ["f1", "f2", "f3", "p0"], ["p1", "p2"]]),
+        (2, 4, [["f0"], ["f1", "f2"], ["f3", "p0"], ["p1", "p2"], ["p3"]]),
+    ],
+    ids=["partials-fill-leftover-slots", "partials-never-take-a-final-slot"],
+)
 async def test_finals_first_and_partials_only_fill_leftover_slots(
     running: list[asyncio.Task[None]],
+    max_batch: int,
+    waiting_partials: int,
+    expected: list[list[str]],
 ) -> None:
     engine = FakeEngine(hold_first=True)
-    batcher = Batcher(engine, max_batch=4, max_queue=100)
+    batcher = Batcher(engine, max_batch=max_batch, max_queue=100)
     start(batcher, running)
-    first = submit(batcher, "f0")
-    await busy(engine)
-    partials = [submit(batcher, f"p{i}", "partial") for i in range(3)]
-    finals = [submit(batcher, f"f{i}") for i in range(1, 4)]
-    await settle(batcher, 6)
+    waiting = partials(*(f"p{i}" for i in range(waiting_partials))) + finals("f1", "f2", "f3")
+    tasks = await behind_first(batcher, engine, "f0", waiting)
     engine.release.set()
-    await asyncio.gather(first, *partials, *finals)
-    assert engine.batches == [["f0"], ["f1", "f2", "f3", "p0"], ["p1", "p2"]]
-
-
-async def test_partials_never_take_a_final_slot(running: list[asyncio.Task[None]]) -> None:
-    engine = FakeEngine(hold_first=True)
-    batcher = Batcher(engine, max_batch=2, max_queue=100)
-    start(batcher, running)
-    first = submit(batcher, "f0")
-    await busy(engine)
-    partials = [submit(batcher, f"p{i}", "partial") for i in range(4)]
-    finals = [submit(batcher, f"f{i}") for i in range(1, 4)]
-    await settle(batcher, 7)
-    engine.release.set()
-    await asyncio.gather(first, *partials, *finals)
-    assert engine.batches == [["f0"], ["f1", "f2"], ["f3", "p0"], ["p1", "p2"], ["p3"]]
+    await asyncio.gather(*tasks)
+    assert engine.batches == expected
 
 
 class InterruptibleFake(FakeEngine):
@@ -158,7 +172,7 @@ class InterruptibleFake(FakeEngine):
     def transcribe_batch(self, items: Sequence[AsrInput]) -> list[Transcript]:
         labels = [item.language or "" for item in items]
         self.batches.append(labels)
-        return [Transcript(text=f"text of {label}", language=label) for label in labels]
+        return transcripts(labels)
 
     def transcribe_batch_until(
         self, items: Sequence[AsrInput], stop: threading.Event
@@ -169,7 +183,7 @@ class InterruptibleFake(FakeEngine):
         while not self.release.wait(0.005):
             if stop.is_set():
                 raise Interrupted
-        return [Transcript(text=f"text of {label}", language=label) for label in labels]
+        return transcripts(labels)
 
 
 async def test_a_final_interrupts_a_batch_of_partials(running: list[asyncio.Task[None]]) -> None:
@@ -205,12 +219,9 @@ async def test_a_sequential_engine_gets_one_at_a_time_finals_first(
     engine.sequential = True
     batcher = Batcher(engine, max_batch=4, max_queue=100)
     start(batcher, running)
-    first = submit(batcher, "f0")
-    await busy(engine)
-    waiting = [submit(batcher, "p0", "partial"), submit(batcher, "f1"), submit(batcher, "f2")]
-    await settle(batcher, 3)
+    tasks = await behind_first(batcher, engine, "f0", partials("p0") + finals("f1", "f2"))
     engine.release.set()
-    await asyncio.gather(first, *waiting)
+    await asyncio.gather(*tasks)
     assert engine.batches == [["f0"], ["f1"], ["f2"], ["p0"]]
 
 
@@ -264,15 +275,13 @@ async def test_full_queue_is_a_capacity_error(running: list[asyncio.Task[None]])
     engine = FakeEngine(hold_first=True)
     batcher = Batcher(engine, max_batch=8, max_queue=2)
     start(batcher, running)
-    first = submit(batcher, "a")
-    await busy(engine)  # "a" left the queue for the model
-    queued = [submit(batcher, "b"), submit(batcher, "c", "partial")]
-    await settle(batcher, 2)
+    # "a" left the queue for the model: two wait, the most there is room for
+    tasks = await behind_first(batcher, engine, "a", finals("b") + partials("c"))
     with pytest.raises(CapacityError) as caught:
         await batcher.transcribe(item("d"))
     assert caught.value.retry_after_s > 0
     engine.release.set()
-    await asyncio.gather(first, *queued)
+    await asyncio.gather(*tasks)
     assert engine.batches == [["a"], ["b", "c"]]
 
 
@@ -280,14 +289,11 @@ async def test_a_caller_that_went_away_is_skipped(running: list[asyncio.Task[Non
     engine = FakeEngine(hold_first=True)
     batcher = Batcher(engine, max_batch=8, max_queue=100)
     start(batcher, running)
-    first = submit(batcher, "a")
-    await busy(engine)
-    waiting = {label: submit(batcher, label) for label in "bcd"}
-    await settle(batcher, 3)
-    waiting["c"].cancel()
+    first, b, c, d = await behind_first(batcher, engine, "a", finals("b", "c", "d"))
+    c.cancel()
     engine.release.set()
-    await asyncio.gather(first, waiting["b"], waiting["d"])
-    assert waiting["c"].cancelled()
+    await asyncio.gather(first, b, d)
+    assert c.cancelled()
     assert engine.batches == [["a"], ["b", "d"]]
 
 
@@ -297,11 +303,8 @@ async def test_an_engine_error_reaches_every_waiter_of_that_batch_only(
     engine = FakeEngine(hold_first=True, fail_on="boom")
     batcher = Batcher(engine, max_batch=3, max_queue=100)
     start(batcher, running)
-    first = submit(batcher, "a")
-    await busy(engine)
-    doomed = [submit(batcher, label) for label in ("b", "boom", "c")]
-    later = [submit(batcher, label) for label in ("d", "e")]
-    await settle(batcher, 5)
+    first, *waiting = await behind_first(batcher, engine, "a", finals("b", "boom", "c", "d", "e"))
+    doomed, later = waiting[:3], waiting[3:]
     engine.release.set()
     assert (await first).text == "text of a"
     for task in doomed:
