@@ -12,10 +12,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Any, Final
+from unittest import mock
 
 import numpy as np
 import numpy.typing as npt
@@ -210,3 +215,18 @@ def build_tiny_whisper(path: Path, seed: int = 0, dims: Dims = TINY) -> Path:
     }
     (path / "preprocessor_config.json").write_text(json.dumps(preprocessor), encoding="utf-8")
     return path
+
+
+def _refuse(*args: object, **kwargs: object) -> None:
+    raise AssertionError(f"network access attempted: {args}")
+
+
+@contextmanager
+def offline() -> Iterator[None]:
+    """Nothing may reach the network meanwhile: the Hub is off and sockets refuse."""
+    with (
+        mock.patch.dict(os.environ, {"HF_HUB_OFFLINE": "1"}),
+        mock.patch.object(socket.socket, "connect", _refuse),
+        mock.patch.object(socket.socket, "connect_ex", _refuse),
+    ):
+        yield

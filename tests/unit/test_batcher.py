@@ -8,7 +8,6 @@ real faster-whisper engine on the tiny random-weight model through the batcher.
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -23,7 +22,7 @@ from services.asr.engines.base import AsrInput, Interrupted, Transcript
 from services.asr.engines.whisper import FasterWhisperEngine
 from services.asr.settings import WhisperSettings
 from services.common.errors import CapacityError
-from tests.tiny_whisper import build_tiny_whisper
+from tests.tiny_whisper import build_tiny_whisper, offline
 
 RATE = 16000
 
@@ -317,15 +316,9 @@ async def test_an_engine_error_reaches_every_waiter_of_that_batch_only(
 # --- the real engine on the tiny random-weight Whisper -------------------------------
 
 
-def _refuse(*args: object, **kwargs: object) -> None:
-    raise AssertionError(f"network access attempted: {args}")
-
-
 @pytest.fixture(scope="module")
 def whisper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FasterWhisperEngine]:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HF_HUB_OFFLINE", "1")
-        mp.setattr(socket.socket, "connect", _refuse)
+    with offline():
         folder = build_tiny_whisper(tmp_path_factory.mktemp("tiny-whisper"))
         engine = FasterWhisperEngine(WhisperSettings(model=str(folder), device="cpu"))
         engine.load()

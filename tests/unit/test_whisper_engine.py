@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,22 +16,15 @@ from services.asr.engines.base import AsrInput
 from services.asr.engines.whisper import FasterWhisperEngine, max_new_tokens, resolve_model_dir
 from services.asr.settings import WhisperSettings
 from services.common.errors import EngineUnavailable
-from tests.tiny_whisper import VOCAB_SIZE, build_tiny_whisper
+from tests.tiny_whisper import VOCAB_SIZE, build_tiny_whisper, offline
 
 RATE = 16000
 
 
-def _refuse(*args: object, **kwargs: object) -> None:
-    raise AssertionError(f"network access attempted: {args}")
-
-
 @pytest.fixture(scope="module", autouse=True)
 def no_network() -> Iterator[None]:
-    """Nothing in this module may reach the network: the Hub is off and sockets refuse."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HF_HUB_OFFLINE", "1")
-        mp.setattr(socket.socket, "connect", _refuse)
-        mp.setattr(socket.socket, "connect_ex", _refuse)
+    """Nothing in this module may reach the network."""
+    with offline():
         yield
 
 

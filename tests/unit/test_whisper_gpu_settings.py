@@ -7,7 +7,6 @@ model on the CPU instead, so the rest of `load` (warm-up included) really runs.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -22,7 +21,7 @@ from services.asr.engines.whisper import FasterWhisperEngine
 from services.asr.settings import WhisperSettings
 from services.common.devices import choose_gpu, cuda_index, pin_gpu
 from services.common.errors import EngineUnavailable
-from tests.tiny_whisper import build_tiny_whisper
+from tests.tiny_whisper import build_tiny_whisper, offline
 
 NOTIMESTAMPS = 50363
 SOT = 50258
@@ -31,15 +30,9 @@ LANGUAGE_TOKEN = {"en": 50259, "de": 50261}
 RealWhisperModel = faster_whisper.WhisperModel
 
 
-def _refuse(*args: object, **kwargs: object) -> None:
-    raise AssertionError(f"network access attempted: {args}")
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HF_HUB_OFFLINE", "1")
-        mp.setattr(socket.socket, "connect", _refuse)
+    with offline():
         yield build_tiny_whisper(tmp_path_factory.mktemp("tiny-whisper"))
 
 
