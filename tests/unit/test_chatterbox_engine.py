@@ -447,3 +447,30 @@ def test_t3_precision_choice() -> None:
     assert pick_dtype(fake_torch(False), "auto", "cuda:0") == "fp32"
     assert pick_dtype(fake_torch(True), "auto", "cpu") == "fp32"
     assert pick_dtype(fake_torch(True), "float16", "cuda:0") == "fp16"
+
+
+def test_warm_up_samples_as_a_request_with_the_settings_style() -> None:
+    from services.tts.engines.chatterbox_torch import WARM_UP_TEXT, WARM_UP_TOKENS, TorchBackend
+
+    class Recorded(TorchBackend):
+        """Only warm_up's own logic runs: no torch, no model."""
+
+        def __init__(self, settings: ChatterboxSettings) -> None:
+            self._settings = settings
+            self.builtin_conds = FakeConds("default")
+            self.calls: list[tuple[str, Any]] = []
+
+        def tokens(self, conds: Any, text: str, sampling: Sampling) -> Iterator[int]:
+            self.calls.append((text, sampling))
+            yield from (1, 2, 3)
+
+        def render(self, conds: Any, tokens: Sequence[int], final: bool) -> np.ndarray:
+            self.calls.append(("render", (list(tokens), final)))
+            return np.zeros(0, np.float32)
+
+    backend = Recorded(ChatterboxSettings(cfg_weight=0.0, temperature=0.3, max_new_tokens=500))
+    backend.warm_up()
+    assert backend.calls == [
+        (WARM_UP_TEXT, Sampling(0.5, 0.0, 0.3, 0.05, 1.0, 1.2, WARM_UP_TOKENS)),
+        ("render", ([1, 2, 3], True)),
+    ]

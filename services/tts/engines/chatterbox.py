@@ -81,6 +81,19 @@ def load_backend(folder: Path | None, device: str, settings: ChatterboxSettings)
     return load_torch_backend(folder, device, settings)
 
 
+def sampling_of(settings: ChatterboxSettings, request: SpeechRequest) -> Sampling:
+    """The request's sampling: its own style where it sets one, the settings' otherwise."""
+    return Sampling(
+        exaggeration=_pick(request.exaggeration, settings.exaggeration),
+        cfg_weight=_pick(request.cfg_weight, settings.cfg_weight),
+        temperature=_pick(request.temperature, settings.temperature),
+        min_p=settings.min_p,
+        top_p=settings.top_p,
+        repetition_penalty=settings.repetition_penalty,
+        max_new_tokens=settings.max_new_tokens,
+    )
+
+
 def resolve_device(settings: ChatterboxSettings, environ: MutableMapping[str, str]) -> str:
     """`cpu`, or `cuda:<index>` for `cuda` and for `auto` when torch sees a GPU."""
     if settings.device == "cpu":
@@ -242,19 +255,6 @@ class ChatterboxEngine:
             return iter(())
         return self._stream(backend, voice, request)
 
-    def _sampling(self, request: SpeechRequest) -> Sampling:
-        """The request's sampling: its own values where given, the settings' otherwise."""
-        s = self._settings
-        return Sampling(
-            exaggeration=_pick(request.exaggeration, s.exaggeration),
-            cfg_weight=_pick(request.cfg_weight, s.cfg_weight),
-            temperature=_pick(request.temperature, s.temperature),
-            min_p=s.min_p,
-            top_p=s.top_p,
-            repetition_penalty=s.repetition_penalty,
-            max_new_tokens=s.max_new_tokens,
-        )
-
     def _stream(
         self, backend: SpeechBackend, voice: str, request: SpeechRequest
     ) -> Iterator[AudioF32]:
@@ -264,7 +264,7 @@ class ChatterboxEngine:
         per_token = self.sample_rate * TOKEN_MS // 1000
         fader = CrossFader(self.sample_rate * s.overlap_ms // 1000)
         stop = request.should_stop or _never
-        steps = backend.tokens(conds, request.text, self._sampling(request))
+        steps = backend.tokens(conds, request.text, sampling_of(s, request))
         try:
             for token in self._token_loop(steps, stop):
                 segment = chunker.push(token)

@@ -25,14 +25,15 @@ import logging
 import sys
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
 
 from services.common.errors import EngineUnavailable
-from services.tts.engines.base import AudioF32
-from services.tts.engines.chatterbox import Sampling
+from services.tts.engines.base import AudioF32, SpeechRequest
+from services.tts.engines.chatterbox import Sampling, sampling_of
 from services.tts.settings import S3GEN_LOOKAHEAD_TOKENS, TOKEN_MS, ChatterboxSettings
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,9 @@ SPEECH_VOCAB: Final = 6561
 STATIC_CACHE_TOKENS: Final = 2048
 """Length of a pooled static KV cache (prompt + speech); longer requests run eagerly."""
 WARM_UP_TEXT: Final = "Warming up the model."
+WARM_UP_TOKENS: Final = 60
+"""At most this many T3 steps at warm-up, sampled as a request with the settings' style is
+(so the compiled path warmed is the one those requests take: one row, or two with CFG)."""
 
 
 def load_torch_backend(
@@ -118,8 +122,8 @@ class TorchBackend:
         self._punc_norm = punc_norm
         self._lp = importlib.import_module("transformers.generation.logits_process")
         self._model = model
+        self._settings = settings
         self._t3 = model.t3
-        self._watermark = settings.watermark
         self.device = device
         self.dtype = pick_dtype(torch, settings.dtype, device)
         self._t3.to(dtype=self.dtype)
@@ -142,8 +146,9 @@ class TorchBackend:
         if self.builtin_conds is None:
             log.warning("no built-in voice (conds.pt): chatterbox warm-up skipped")
             return
-        sampling = Sampling(0.5, 0.5, 0.8, 0.05, 1.0, 1.2, 60)
-        tokens = list(self.tokens(self.builtin_conds, WARM_UP_TEXT, sampling))
+        request = SpeechRequest(text=WARM_UP_TEXT, voice="default")
+        sampling = replace(sampling_of(self._settings, request), max_new_tokens=WARM_UP_TOKENS)
+        tokens = list(self.tokens(self.builtin_conds, request.text, sampling))
         if tokens:
             self.render(self.builtin_conds, tokens, final=True)
 
@@ -175,7 +180,7 @@ class TorchBackend:
             if not final:
                 wav = wav[:, : max(0, wav.size(1) - S3GEN_LOOKAHEAD_TOKENS * self._per_token)]
             audio = wav.squeeze(0).float().cpu().numpy()
-        if self._watermark and audio.size:
+        if self._settings.watermark and audio.size:
             audio = self._model.watermarker.apply_watermark(audio, sample_rate=self.sample_rate)
         return np.asarray(audio, dtype=np.float32).reshape(-1)
 
