@@ -100,6 +100,5 @@ def create_app(settings: AsrSettings, engine: AsrEngine | None = None) -> FastAP
             partials,
         )
 
-    app.state.service = state
     app.state.batcher = batcher
     return app

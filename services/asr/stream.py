@@ -1,4 +1,4 @@
-"""`WS /v1/stream/asr`: VAD-segmented streaming transcription (PROTOCOL.md)."""
+"""`WS /v1/stream/asr`: VAD-segmented streaming transcription (docs/protocol.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Domain exceptions, raised inside the services and mapped once at the edge.
 
-Each error knows its wire `code` (PROTOCOL.md), the WebSocket close code to use
+Each error knows its wire `code` (docs/protocol.md), the WebSocket close code to use
 when it is fatal, and the HTTP status for REST endpoints.
 """
 

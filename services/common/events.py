@@ -1,4 +1,4 @@
-"""The wire protocol (PROTOCOL.md) as typed models, parsed once at the edge.
+"""The wire protocol (docs/protocol.md) as typed models, parsed once at the edge.
 
 Client messages are parsed with one discriminated-union adapter per endpoint;
 unknown fields are ignored, an unknown `type` or bad field is InvalidMessage.

@@ -70,7 +70,7 @@ class ServiceState:
             return False
 
     def readiness(self, redis_ok: bool) -> dict[str, bool]:
-        """The checks /ready reports; ready when all hold (PROTOCOL.md). Sets `va_ready`."""
+        """The checks /ready reports; ready when all hold (docs/protocol.md). Sets `va_ready`."""
         checks = {
             "model_loaded": self.model_loaded,
             "redis": redis_ok,

@@ -153,7 +153,6 @@ def create_app(
             metrics.SESSIONS.dec()
             state.connection_closed()
 
-    app.state.service = state
     app.state.sessions = sessions
     app.state.gateway_id = gateway_id
     return app

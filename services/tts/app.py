@@ -88,6 +88,5 @@ def create_app(settings: TtsSettings, engine: TtsEngine | None = None) -> FastAP
             section.max_input_chars,
         )
 
-    app.state.service = state
     app.state.synthesizer = synthesizer
     return app

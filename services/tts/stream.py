@@ -1,4 +1,4 @@
-"""`WS /v1/stream/tts`: text in, audio chunks out, requests served in order (PROTOCOL.md)."""
+"""`WS /v1/stream/tts`: text in, audio chunks out, requests served in order (docs/protocol.md)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from services.common import deploy
 from services.common.deploy import NginxSite, check_nginx, prepare_dirs, render, render_nginx
 from tests.tls import self_signed
 
-WS_ROUTES = {"/v1/stream": "va_gateway", "/v1/realtime": "va_gateway"}
+WS_ROUTES = {"/v1/stream": "va_gateway"}
 WS_ROUTES |= {"/v1/stream/asr": "va_asr", "/v1/stream/tts": "va_tts"}
 REST_ROUTES = {
     "= /v1/audio/transcriptions": "http://va_asr",

@@ -194,7 +194,7 @@ async def test_cpu_service_reports_gpu_unavailable(monkeypatch: pytest.MonkeyPat
 async def test_ready_follows_the_protocol(
     loaded: bool, redis: Any, draining: bool, failing: str | None
 ) -> None:
-    """PROTOCOL.md: 200 only when the model is loaded, Redis reachable and not draining."""
+    """docs/protocol.md: 200 only when the model is loaded, Redis reachable and not draining."""
     state = ServiceState("asr", redis, model_loaded=loaded, draining=draining)
     app = app_for(state)
     async with asyncio.timeout(5):
