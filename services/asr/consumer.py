@@ -13,7 +13,7 @@ from services.common import metrics
 from services.common.audio import pcm16_to_float, resample
 from services.common.bus import Delivery, publish
 from services.common.errors import VoiceAgentError
-from services.common.jobs import AsrJob, AsrResult, JobFailed
+from services.common.jobs import AsrJob
 from services.common.settings import RedisSettings
 
 
@@ -37,23 +37,11 @@ class AsrJobHandler:
         except VoiceAgentError as exc:
             metrics.REQUESTS.labels("asr", "job", "error").inc()
             metrics.ERRORS.labels("asr", exc.code).inc()
-            failed = JobFailed(
-                job_id=job.job_id,
-                session_id=job.session_id,
-                utterance_id=job.utterance_id,
-                code=exc.code,
-                message=exc.message,
-            )
+            failed = job.failed(exc.code, exc.message)
             await publish(self.redis, self.settings, job.reply_to, {b"meta": failed.dump()})
             return
-        result = AsrResult(
-            job_id=job.job_id,
-            session_id=job.session_id,
-            utterance_id=job.utterance_id,
-            mode=job.mode,
-            text=transcript.text,
-            language=transcript.language,
-            latency_ms=(time.perf_counter() - started) * 1000,
+        result = job.result(
+            transcript.text, transcript.language, (time.perf_counter() - started) * 1000
         )
         await publish(self.redis, self.settings, job.reply_to, {b"meta": result.dump()})
         elapsed = time.perf_counter() - started

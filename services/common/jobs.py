@@ -46,6 +46,16 @@ class AsrJob(BusMessage):
             latency_ms=latency_ms,
         )
 
+    def failed(self, code: str, message: str) -> JobFailed:
+        """This job's failure, addressed back to its session and utterance."""
+        return JobFailed(
+            job_id=self.job_id,
+            session_id=self.session_id,
+            utterance_id=self.utterance_id,
+            code=code,
+            message=message,
+        )
+
 
 class TtsJob(BusMessage):
     kind: Literal["tts.job"] = "tts.job"
@@ -85,6 +95,17 @@ class TtsJob(BusMessage):
             chunks=chunks,
             audio_ms=audio_ms,
             status=status,
+        )
+
+    def failed(self, code: str, message: str) -> JobFailed:
+        """This job's failure, addressed back to its response chunk."""
+        return JobFailed(
+            job_id=self.job_id,
+            session_id=self.session_id,
+            response_id=self.response_id,
+            seq=self.seq,
+            code=code,
+            message=message,
         )
 
 

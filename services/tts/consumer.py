@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from contextlib import aclosing
+from typing import Literal
 
 from redis.asyncio import Redis
 
@@ -11,7 +12,7 @@ from services.common import metrics
 from services.common.audio import float_to_pcm16, samples_to_ms
 from services.common.bus import Delivery, Keys, is_cancelled, publish
 from services.common.errors import VoiceAgentError
-from services.common.jobs import JobFailed, TtsChunk, TtsDone, TtsJob
+from services.common.jobs import TtsJob
 from services.common.settings import RedisSettings
 from services.tts.engines.base import SpeechRequest
 from services.tts.metrics import TTS_CANCELLED
@@ -37,30 +38,14 @@ class TtsJobHandler:
         except VoiceAgentError as exc:
             metrics.REQUESTS.labels("tts", "job", "error").inc()
             metrics.ERRORS.labels("tts", exc.code).inc()
-            failed = JobFailed(
-                job_id=job.job_id,
-                session_id=job.session_id,
-                response_id=job.response_id,
-                seq=job.seq,
-                code=exc.code,
-                message=exc.message,
-            )
-            await self._publish(job, failed.dump())
+            await self._publish(job, job.failed(exc.code, exc.message).dump())
             return
-        done = TtsDone(
-            job_id=job.job_id,
-            session_id=job.session_id,
-            response_id=job.response_id,
-            seq=job.seq,
-            chunks=chunks,
-            audio_ms=samples_to_ms(samples, job.sample_rate),
-            status=status,
-        )
+        done = job.done(chunks, samples_to_ms(samples, job.sample_rate), status)
         await self._publish(job, done.dump())
         metrics.REQUEST_DURATION.labels("tts", "job").observe(time.perf_counter() - started)
         metrics.REQUESTS.labels("tts", "job", "ok").inc()
 
-    async def _speak(self, job: TtsJob) -> tuple[str, int, int]:
+    async def _speak(self, job: TtsJob) -> tuple[Literal["completed", "cancelled"], int, int]:
         if await is_cancelled(self.redis, self.keys, job.response_id):
             TTS_CANCELLED.inc()
             return "cancelled", 0, 0
@@ -76,15 +61,7 @@ class TtsJobHandler:
         index = samples = 0
         async with aclosing(self.synthesizer.stream(request, job.sample_rate)) as chunks:
             async for chunk in chunks:
-                meta = TtsChunk(
-                    job_id=job.job_id,
-                    session_id=job.session_id,
-                    response_id=job.response_id,
-                    seq=job.seq,
-                    index=index,
-                    sample_rate=job.sample_rate,
-                )
-                await self._publish(job, meta.dump(), float_to_pcm16(chunk))
+                await self._publish(job, job.chunk(index).dump(), float_to_pcm16(chunk))
                 index += 1
                 samples += chunk.size
                 if await is_cancelled(self.redis, self.keys, job.response_id):
