@@ -19,6 +19,7 @@ from services.asr.stream import serve_asr_stream
 from services.common.bus import JobStream, Keys, connect, unique_consumer_name
 from services.common.devices import cuda_index
 from services.common.lifecycle import Background
+from services.common.listener import HearingBatcher
 from services.common.service import ServiceState, install_ops
 from services.common.vad import SileroVad
 from services.common.worker import JobWorker
@@ -42,14 +43,14 @@ def create_app(settings: AsrSettings, engine: AsrEngine | None = None) -> FastAP
         gpu_index=cuda_index(engine.device),
         queue_depth=batcher.depth,
     )
-    vad_holder: dict[str, SileroVad] = {}
+    hearing: dict[str, HearingBatcher] = {}  # the VAD of every stream, batched off the loop
     background = Background()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await asyncio.to_thread(engine.load)
         state.device, state.gpu_index = engine.device, cuda_index(engine.device)
-        vad_holder["vad"] = await asyncio.to_thread(SileroVad)
+        hearing["vad"] = HearingBatcher(await asyncio.to_thread(SileroVad))
         state.model_loaded = True
         background.start(batcher.run(), "asr-batcher")
         consumer = unique_consumer_name("asr")
@@ -75,6 +76,7 @@ def create_app(settings: AsrSettings, engine: AsrEngine | None = None) -> FastAP
             for worker in workers:
                 await worker.drain(section.server.drain_timeout_s)
             await background.stop()
+            hearing["vad"].close()
             await redis.aclose()
 
     app = FastAPI(title="voice-agent ASR", lifespan=lifespan)
@@ -92,7 +94,7 @@ def create_app(settings: AsrSettings, engine: AsrEngine | None = None) -> FastAP
             ws,
             state,
             batcher,
-            vad_holder["vad"],
+            hearing["vad"],
             settings.vad,
             section.server.ws_max_frame_bytes,
             sample_rate,

@@ -19,10 +19,10 @@ from services.common.events import (
     SegmentStarted,
     parse,
 )
-from services.common.listener import Listener
+from services.common.listener import HearingBatcher, Listener
 from services.common.service import ServiceState
 from services.common.turns import SpeechEnd, SpeechStart
-from services.common.vad import SileroVad, VadSettings
+from services.common.vad import VadSettings
 from services.common.ws import Channel, Disconnected
 
 
@@ -54,7 +54,7 @@ class AsrStream:
             frame = await self.channel.receive()
             try:
                 if frame.data is not None:
-                    self._on_events(self.listener.push(frame.data), tasks)
+                    self._on_events(await self.listener.push_batched(frame.data), tasks)
                     self._maybe_partial(tasks)
                     continue
                 message = parse(ASR_CLIENT_EVENTS, frame.text or "")
@@ -127,7 +127,7 @@ async def serve_asr_stream(
     ws: WebSocket,
     state: ServiceState,
     batcher: Batcher,
-    vad: SileroVad,
+    hearing: HearingBatcher,
     vad_settings: VadSettings,
     max_frame_bytes: int,
     sample_rate: int,
@@ -140,7 +140,7 @@ async def serve_asr_stream(
     state.connection_opened()
     try:
         try:
-            listener = Listener(vad, vad_settings, sample_rate)
+            listener = Listener(hearing.vad, vad_settings, sample_rate, hearing)
         except UnsupportedSampleRate as exc:
             exc.fatal = True
             exc.close_code = 1008
