@@ -14,7 +14,6 @@ from services.common.bus import Delivery, Keys, is_cancelled, publish
 from services.common.errors import VoiceAgentError
 from services.common.jobs import TtsJob
 from services.common.settings import RedisSettings
-from services.tts.engines.base import SpeechRequest
 from services.tts.metrics import TTS_CANCELLED
 from services.tts.synthesizer import Synthesizer
 
@@ -49,15 +48,7 @@ class TtsJobHandler:
         if await is_cancelled(self.redis, self.keys, job.response_id):
             TTS_CANCELLED.inc()
             return "cancelled", 0, 0
-        voice = self.synthesizer.resolve_voice(job.voice)
-        request = SpeechRequest(
-            text=job.text,
-            voice=voice,
-            speed=job.speed,
-            exaggeration=job.exaggeration,
-            cfg_weight=job.cfg_weight,
-            temperature=job.temperature,
-        )
+        request = self.synthesizer.request(job.text, job.voice, job)
         index = samples = 0
         async with aclosing(self.synthesizer.stream(request, job.sample_rate)) as chunks:
             async for chunk in chunks:

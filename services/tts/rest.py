@@ -65,14 +65,7 @@ def router(synthesizer: Synthesizer, max_input_chars: int) -> APIRouter:
         if len(body.input) > max_input_chars:
             raise InvalidMessage(f"input exceeds {max_input_chars} characters")
         voice = body.voice if isinstance(body.voice, str) else str(body.voice.get("id", ""))
-        request = SpeechRequest(
-            text=body.input,
-            voice=synthesizer.resolve_voice(voice),
-            speed=body.speed,
-            exaggeration=body.exaggeration,
-            cfg_weight=body.cfg_weight,
-            temperature=body.temperature,
-        )
+        request = synthesizer.request(body.input, voice, body)
         default_rate = OPENAI_PCM_RATE if body.response_format == "pcm" else None
         rate = body.sample_rate or default_rate or synthesizer.engine.sample_rate
         if body.response_format == "pcm":

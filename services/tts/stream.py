@@ -22,7 +22,6 @@ from services.common.events import (
 )
 from services.common.service import ServiceState
 from services.common.ws import Channel, Disconnected
-from services.tts.engines.base import SpeechRequest
 from services.tts.synthesizer import Synthesizer
 
 MAX_QUEUED = 32
@@ -90,14 +89,7 @@ class TtsStream:
         await self.channel.send(AudioStart(id=request.id, sample_rate=rate))
         samples = 0
         status: str = "completed"
-        speech = SpeechRequest(
-            text=request.text,
-            voice=self.synthesizer.resolve_voice(request.voice),
-            speed=request.speed,
-            exaggeration=request.exaggeration,
-            cfg_weight=request.cfg_weight,
-            temperature=request.temperature,
-        )
+        speech = self.synthesizer.request(request.text, request.voice, request)
         if request.id not in self.cancelled:
             async with aclosing(self.synthesizer.stream(speech, rate)) as chunks:
                 async for chunk in chunks:

@@ -17,7 +17,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import AsyncGenerator
-from typing import Final
+from typing import Final, Protocol
 
 import numpy as np
 
@@ -47,6 +47,19 @@ OPENAI_VOICES: Final = frozenset(
 _END: Final = object()
 
 
+class Styled(Protocol):
+    """How a request asks to be spoken: the WebSocket `speak`, the REST body, a Redis job."""
+
+    @property
+    def speed(self) -> float: ...
+    @property
+    def exaggeration(self) -> float | None: ...
+    @property
+    def cfg_weight(self) -> float | None: ...
+    @property
+    def temperature(self) -> float | None: ...
+
+
 class Synthesizer:
     """Streams speech for many requests, at most `max_concurrent` synthesizing at once."""
 
@@ -69,6 +82,17 @@ class Synthesizer:
     def depth(self) -> int:
         """Requests waiting for a synthesis slot."""
         return self.waiting
+
+    def request(self, text: str, voice: str | None, asked: Styled) -> SpeechRequest:
+        """What to speak, in the resolved voice, with the style one of the doors asked for."""
+        return SpeechRequest(
+            text=text,
+            voice=self.resolve_voice(voice),
+            speed=asked.speed,
+            exaggeration=asked.exaggeration,
+            cfg_weight=asked.cfg_weight,
+            temperature=asked.temperature,
+        )
 
     def resolve_voice(self, voice: str | None) -> str:
         """An engine voice id for a requested name.
