@@ -6,13 +6,11 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
-
+from services.common.cli import wait_ready
 from services.common.redis_server import free_port, start_redis
 
 
@@ -44,17 +42,7 @@ def lite_stack(
     ]
     urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
     try:
-        deadline = time.monotonic() + 120
-        for url in urls.values():
-            while True:
-                try:
-                    if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{url} not ready; logs in {workdir}")
-                time.sleep(0.2)
+        wait_ready(urls, procs, 120, logs=f"the logs in {workdir}")
         yield urls
     finally:
         for proc in [*procs, redis]:

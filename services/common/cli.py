@@ -26,15 +26,19 @@ from services.common.redis_server import reachable, start_redis
 from services.common.serve import load_settings, run_service
 
 
-def _wait_ready(
-    urls: dict[str, str], procs: list[subprocess.Popen[bytes]], timeout_s: float
+def wait_ready(
+    urls: dict[str, str],
+    procs: list[subprocess.Popen[bytes]],
+    timeout_s: float,
+    logs: str = "its log above",
 ) -> None:
+    """Until every service answers /ready; SystemExit when one exits or time runs out."""
     deadline = time.monotonic() + timeout_s
     waiting = dict(urls)
     while waiting and time.monotonic() < deadline:
         for proc in procs:
             if proc.poll() is not None:
-                raise SystemExit(f"a service exited with {proc.returncode}; see its log above")
+                raise SystemExit(f"a service exited with {proc.returncode}; see {logs}")
         for name, url in list(waiting.items()):
             try:
                 if httpx.get(f"{url}/ready", timeout=1.0).status_code == 200:
@@ -43,7 +47,7 @@ def _wait_ready(
                 pass
         time.sleep(0.2)
     if waiting:
-        raise SystemExit(f"not ready after {timeout_s:.0f} s: {', '.join(waiting)}")
+        raise SystemExit(f"not ready after {timeout_s:.0f} s: {', '.join(waiting)}; see {logs}")
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -66,7 +70,7 @@ def up(args: argparse.Namespace) -> None:
         cmd = [sys.executable, "-m", f"services.{service}.server", "--port", str(ports[service])]
         procs.append(subprocess.Popen(cmd, env=env))
     try:
-        _wait_ready({s: f"http://127.0.0.1:{p}" for s, p in ports.items()}, procs[-3:], 120)
+        wait_ready({s: f"http://127.0.0.1:{p}" for s, p in ports.items()}, procs[-3:], 120)
         print(
             "\nvoice-agent is up:\n"
             f"  agent      ws://127.0.0.1:{ports['gateway']}/v1/stream\n"
