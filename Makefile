@@ -39,6 +39,7 @@ system-deps:
 lint:
 	$(BIN)/ruff check services tests benchmarks
 	$(BIN)/ruff format --check services tests benchmarks
+	$(BIN)/lint-imports
 
 typecheck:
 	$(BIN)/mypy

@@ -18,7 +18,7 @@ from typing import Any
 
 from benchmarks.report import summary, write
 from benchmarks.stack import lite_stack
-from services.common.client import StreamClient
+from services.client.stream import StreamClient
 from tests.speech import speak
 
 REPLY = (

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from services.common.client import write_wav
+from services.client.stream import write_wav
 from services.tts.engines.chatterbox import REQUIRED_FILES
 from tests.speech import speak, to_pcm16
 

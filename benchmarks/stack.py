@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from services.common.cli import wait_ready
-from services.common.redis_server import free_port, start_redis
+from services.ops.cli import wait_ready
+from services.ops.redis_server import free_port, start_redis
 
 
 @contextmanager

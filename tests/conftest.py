@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from services.common.redis_server import free_port, start_redis
 from services.common.settings import Profile, RedisSettings
+from services.ops.redis_server import free_port, start_redis
 from tests.servers import ServerThread
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

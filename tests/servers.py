@@ -8,9 +8,9 @@ from typing import Any
 
 import uvicorn
 
-from services.common.redis_server import free_port
 from services.common.serve import uvicorn_config
 from services.common.settings import ServerSettings
+from services.ops.redis_server import free_port
 
 
 class ServerThread:

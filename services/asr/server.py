@@ -8,12 +8,14 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from services.asr.app import create_app
+from services.asr.settings import AsrSettings
 from services.common.serve import run_service
 
 
 def main(argv: list[str] | None = None) -> None:
     """Run the ASR service until interrupted."""
-    run_service("asr", argv)
+    run_service("asr", AsrSettings, create_app, lambda settings: settings.asr.server, argv)
 
 
 if __name__ == "__main__":

@@ -1,44 +1,21 @@
-"""Run one service under uvicorn with the settings the environment gives."""
+"""Serve one service's app under uvicorn: what every service's `server.py` shares.
+
+The service passes in its own settings class and app factory, so this module imports no
+service (the layering rule: `services.common` sits below every service).
+"""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import uvicorn
 
 from services.common.settings import BaseServiceSettings, ServerSettings
 
-# service name → (settings class, app factory, settings section holding `server`)
-SERVICES: dict[str, tuple[str, str, str]] = {
-    "asr": ("services.asr.settings:AsrSettings", "services.asr.app:create_app", "asr"),
-    "tts": ("services.tts.settings:TtsSettings", "services.tts.app:create_app", "tts"),
-    "gateway": (
-        "services.gateway.settings:GatewaySettings",
-        "services.gateway.app:create_app",
-        "gateway",
-    ),
-}
-
-
-def _load(path: str) -> Any:
-    module, _, attr = path.partition(":")
-    return getattr(importlib.import_module(module), attr)
-
-
-def load_settings(service: str) -> BaseServiceSettings:
-    """The service's settings, read from the environment (`VA_...`)."""
-    settings_cls = _load(SERVICES[service][0])
-    settings: BaseServiceSettings = settings_cls()
-    return settings
-
-
-def server_section(settings: BaseServiceSettings, service: str) -> ServerSettings:
-    """The `server` section of a service's settings."""
-    section: ServerSettings = getattr(settings, SERVICES[service][2]).server
-    return section
+S = TypeVar("S", bound=BaseServiceSettings)
 
 
 def uvicorn_config(app: Any, server: ServerSettings, log_level: str) -> uvicorn.Config:
@@ -59,14 +36,20 @@ def uvicorn_config(app: Any, server: ServerSettings, log_level: str) -> uvicorn.
     )
 
 
-def run_service(service: str, argv: list[str] | None = None) -> None:
-    """Parse `--host/--port`, build the app and serve until interrupted."""
-    parser = argparse.ArgumentParser(prog=f"voice-agent {service}")
+def run_service(
+    name: str,
+    settings_cls: type[S],
+    create_app: Callable[[S], Any],
+    server_of: Callable[[S], ServerSettings],
+    argv: list[str] | None = None,
+) -> None:
+    """Parse `--host/--port`, read the settings from the environment, serve until stopped."""
+    parser = argparse.ArgumentParser(prog=f"voice-agent {name}")
     parser.add_argument("--host", help="bind address (default from settings)")
     parser.add_argument("--port", type=int, help="TCP port (default from settings)")
     args = parser.parse_args(argv)
-    settings = load_settings(service)
-    server = server_section(settings, service)
+    settings = settings_cls()
+    server = server_of(settings)
     if args.host:
         server.host = args.host
     if args.port:
@@ -74,5 +57,4 @@ def run_service(service: str, argv: list[str] | None = None) -> None:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    app = _load(SERVICES[service][1])(settings)
-    uvicorn.Server(uvicorn_config(app, server, settings.log_level)).run()
+    uvicorn.Server(uvicorn_config(create_app(settings), server, settings.log_level)).run()

@@ -9,11 +9,15 @@ if __package__ in (None, ""):  # run as a script: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from services.common.serve import run_service
+from services.gateway.app import create_app
+from services.gateway.settings import GatewaySettings
 
 
 def main(argv: list[str] | None = None) -> None:
     """Run the gateway until interrupted."""
-    run_service("gateway", argv)
+    run_service(
+        "gateway", GatewaySettings, create_app, lambda settings: settings.gateway.server, argv
+    )
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
-from services.common.client import StreamClient
+from services.client.stream import StreamClient
+from services.common.extras import MissingExtra, require_extra
 from services.common.report import write
 from services.loadtest.corpus import CorpusError, Utterance, espeak_corpus, folder_corpus
 from services.loadtest.level import LevelPart, level_report, mark_bottlenecks
@@ -143,6 +144,10 @@ def execute(args: argparse.Namespace, command_line: str) -> int:
     """Run every level; write the results and plots; the exit status."""
     if not str(args.url).startswith(("ws://", "wss://")):
         return _fail(f"--url must be ws:// or wss://, not {args.url!r}")
+    try:
+        require_extra("loadtest")
+    except MissingExtra as exc:
+        return _fail(str(exc))
     try:
         corpus = folder_corpus(args.audio) if args.audio else espeak_corpus()
     except CorpusError as exc:

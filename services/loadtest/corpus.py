@@ -13,8 +13,8 @@ from typing import Final
 
 import numpy as np
 
+from services.client.stream import read_wav
 from services.common.audio import AudioF32, resample
-from services.common.client import read_wav
 
 RATE: Final = 16000
 SENTENCES: Final = (

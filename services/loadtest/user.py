@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import websockets
 
-from services.common.client import StreamClient
+from services.client.stream import StreamClient
 from services.loadtest.contract import Conversation, Response
 from services.loadtest.corpus import RATE, Utterance
 from services.loadtest.stats import TurnRecord, answer, turn_utterances

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from services.common.bus import Delivery, JobStream, Keys, connect, publish
-from services.common.redis_server import free_port, start_redis
 from services.common.settings import RedisSettings
 from services.common.worker import JobWorker
+from services.ops.redis_server import free_port, start_redis
 from tests.conftest import RedisProc
 
 

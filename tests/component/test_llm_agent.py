@@ -11,7 +11,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from services.common.client import StreamClient
+from services.client.stream import StreamClient
 from services.common.errors import AgentFailed
 from services.gateway.agent import Turn
 from services.gateway.app import create_app

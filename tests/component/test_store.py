@@ -6,9 +6,9 @@ from redis.asyncio import Redis
 
 from services.common.bus import connect
 from services.common.events import SessionConfig
-from services.common.redis_server import free_port
 from services.gateway.agent import Turn
 from services.gateway.store import SessionStore
+from services.ops.redis_server import free_port
 from tests.conftest import RedisProc
 
 

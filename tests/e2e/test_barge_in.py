@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from services.client.stream import StreamClient
 from services.common.audio import pcm16_to_float
-from services.common.client import StreamClient
 from tests.conftest import Stack
 from tests.speech import speak
 

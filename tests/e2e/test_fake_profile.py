@@ -9,8 +9,8 @@ import httpx
 import numpy as np
 import pytest
 
+from services.client.stream import StreamClient
 from services.common.audio import pcm16_to_float
-from services.common.client import StreamClient
 from tests.conftest import RedisProc, Stack, start_stack
 from tests.speech import speak
 

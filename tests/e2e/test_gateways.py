@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from services.client.stream import StreamClient, talk, write_wav
 from services.common.audio import float_to_pcm16
-from services.common.client import StreamClient, talk, write_wav
 from services.gateway.app import create_app
 from services.gateway.settings import GatewaySettings
 from tests.conftest import Stack

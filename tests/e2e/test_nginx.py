@@ -22,18 +22,18 @@ import pytest
 import websockets
 from websockets.exceptions import InvalidStatus
 
+from services.client.stream import StreamClient
 from services.common.audio import encode_audio
-from services.common.client import StreamClient
-from services.common.deploy import (
+from services.gateway.app import create_app as gateway_app
+from services.gateway.settings import GatewaySection, GatewaySettings
+from services.ops.deploy import (
     NginxSite,
     nginx_binary,
     nginx_command,
     prepare_dirs,
     render_nginx,
 )
-from services.common.redis_server import free_port
-from services.gateway.app import create_app as gateway_app
-from services.gateway.settings import GatewaySection, GatewaySettings
+from services.ops.redis_server import free_port
 from tests.conftest import Stack
 from tests.servers import ServerThread
 from tests.speech import speak

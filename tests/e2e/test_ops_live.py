@@ -8,7 +8,7 @@ import asyncio
 import httpx
 import pytest
 
-from services.common.client import StreamClient
+from services.client.stream import StreamClient
 from tests.conftest import Stack
 from tests.metric_names import exposed, sampled, used_in_alerts, used_in_dashboard
 from tests.speech import speak

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.common.client import StreamClient
+from services.client.stream import StreamClient
 from services.gateway.app import create_app
 from services.gateway.settings import GatewaySettings
 from tests.conftest import Stack

@@ -6,8 +6,8 @@ import httpx
 import numpy as np
 import pytest
 
+from services.client.stream import StreamClient
 from services.common.audio import encode_audio, pcm16_to_float
-from services.common.client import StreamClient
 from tests.conftest import Stack
 from tests.e2e.wire import recall
 from tests.speech import speak

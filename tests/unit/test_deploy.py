@@ -1,4 +1,4 @@
-"""The nginx template and its renderer (services/common/deploy.py), without starting nginx."""
+"""The nginx template and its renderer (services/ops/deploy.py), without starting nginx."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from services.common import deploy
-from services.common.deploy import NginxSite, check_nginx, prepare_dirs, render, render_nginx
+from services.ops import deploy
+from services.ops.deploy import NginxSite, check_nginx, prepare_dirs, render, render_nginx
 from tests.tls import self_signed
 
 WS_ROUTES = {"/v1/stream": "va_gateway"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from services.common.settings_doc import markdown
+from services.ops.settings_doc import markdown
 
 ROOT = Path(__file__).resolve().parents[2]
 

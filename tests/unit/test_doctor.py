@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from services.asr.settings import AsrSettings
-from services.common import deploy, doctor_checks
-from services.common.cli import main
-from services.common.deploy import NginxSite
-from services.common.doctor import load_env_file, report
-from services.common.doctor_checks import (
+from services.ops import deploy, doctor_checks
+from services.ops.cli import main
+from services.ops.deploy import NginxSite
+from services.ops.doctor import load_env_file, report
+from services.ops.doctor_checks import (
     Check,
     check_asr_model,
     check_gpus,
@@ -22,7 +22,7 @@ from services.common.doctor_checks import (
     check_redis,
     check_tts_model,
 )
-from services.common.redis_server import free_port
+from services.ops.redis_server import free_port
 from services.tts.engines.chatterbox import REQUIRED_FILES
 from services.tts.settings import TtsSettings
 from tests.conftest import RedisProc

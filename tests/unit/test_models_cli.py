@@ -15,9 +15,9 @@ from huggingface_hub import errors
 
 from services.asr.engines.whisper import resolve_model_dir
 from services.asr.settings import WhisperSettings
-from services.common import models
-from services.common.cli import main
-from services.common.models import ModelError, pull, spec
+from services.ops import models
+from services.ops.cli import main
+from services.ops.models import ModelError, pull, spec
 from services.tts.engines.chatterbox import REQUIRED_FILES
 from services.tts.settings import ChatterboxSettings
 
@@ -63,7 +63,7 @@ def test_offline_cli_exits_non_zero_with_the_message(tmp_path: Path) -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     pull_command = ["models", "pull", "chatterbox", "--dir", str(tmp_path)]
     done = subprocess.run(
-        [sys.executable, "-m", "services.common.cli", *pull_command],
+        [sys.executable, "-m", "services.ops.cli", *pull_command],
         capture_output=True,
         text=True,
         env=env,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from services.common.redis_server import free_port
+from services.ops.redis_server import free_port
 from tests.conftest import RedisProc
 from tests.ops_app import ops_app
 from tests.servers import ServerThread

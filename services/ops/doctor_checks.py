@@ -1,4 +1,4 @@
-"""The checks of `voice-agent doctor` (services/common/doctor.py): each returns a `Check`.
+"""The checks of `voice-agent doctor` (services/ops/doctor.py): each returns a `Check`.
 
 GPUs (NVML), the configured engines and their model folders, Redis, the services'
 ports, and nginx (`nginx -t` on the shipped template rendered for this host).
@@ -22,7 +22,7 @@ import redis
 
 from services.asr.settings import AsrSettings
 from services.common import gpu
-from services.common.deploy import (
+from services.ops.deploy import (
     NginxSite,
     check_nginx,
     nginx_binary,

@@ -20,8 +20,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from services.asr.settings import AsrSettings
-from services.common.deploy import NginxSite
-from services.common.doctor_checks import (
+from services.gateway.settings import GatewaySettings
+from services.ops.deploy import NginxSite
+from services.ops.doctor_checks import (
     Check,
     check_asr_model,
     check_gpus,
@@ -30,8 +31,7 @@ from services.common.doctor_checks import (
     check_redis,
     check_tts_model,
 )
-from services.common.serve import load_settings
-from services.gateway.settings import GatewaySettings
+from services.ops.registry import load_settings
 from services.tts.settings import TtsSettings
 
 DEFAULT_ENV_FILE = Path("/etc/voice-agent/voice-agent.env")

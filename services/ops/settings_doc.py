@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from services.common.serve import SERVICES, _load
+from services.ops.registry import SERVICES
 
 
 def _docstrings(model: type[BaseModel]) -> dict[str, str]:
@@ -72,8 +72,8 @@ def markdown() -> str:
         "",
     ]
     seen: set[str] = set()
-    for service, (settings_path, _, _) in SERVICES.items():
-        model = _load(settings_path)
+    for service, entry in SERVICES.items():
+        model = entry.settings
         lines += [f"## {service}", "", "| variable | default | meaning |", "|---|---|---|"]
         for env, default, meaning in rows(model, model.model_construct(), "VA_"):
             shared = env in seen

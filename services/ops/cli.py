@@ -1,4 +1,4 @@
-"""`voice-agent`: one command line over every service.
+"""`voice-agent`: one command line over every service and operator tool.
 
 voice-agent up                       Redis (if none) + ASR + TTS + gateway, until Ctrl-C
 voice-agent asr|tts|gateway [--port] one service
@@ -7,28 +7,40 @@ voice-agent doctor                   check GPUs, models, Redis, ports and nginx
 voice-agent models pull NAME [--dir] download model weights (models list: the names)
 voice-agent loadtest --sessions 1,5,10 simulated users against /v1/stream; JSON + plots
 voice-agent plan [FILES]             a capacity plan from measurement files
+
+Every module this imports needs only the default install; a sub-command that needs an
+optional extra checks for it when it runs and exits 2 naming the `pip install` to run.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import os
+import importlib
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 
-from services.common.redis_server import reachable, start_redis
-from services.common.serve import load_settings, run_service
+from services.common.extras import MissingExtra
+from services.loadtest.cli import add_loadtest_command
+from services.ops.doctor import add_parser as add_doctor_command
+from services.ops.models import add_models_command
+from services.ops.redis_server import reachable, start_redis
+from services.ops.registry import SERVICES, load_settings, server_section
+from services.plan.cli import add_plan_command
+
+STARTUP_TIMEOUT_S = 120.0
 
 
 def wait_ready(
     urls: dict[str, str],
-    procs: list[subprocess.Popen[bytes]],
+    procs: Sequence[subprocess.Popen[Any]],
     timeout_s: float,
     logs: str = "its log above",
 ) -> None:
@@ -54,70 +66,90 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def _service_urls() -> dict[str, str]:
+    """Each service's base URL, from its settings (`VA_<SERVICE>__SERVER__PORT`, ...)."""
+    urls = {}
+    for name in SERVICES:
+        server = server_section(load_settings(name), name)
+        host = "127.0.0.1" if server.host in ("0.0.0.0", "::") else server.host
+        urls[name] = f"http://{host}:{server.port}"
+    return urls
+
+
 def up(args: argparse.Namespace) -> None:
-    """Start everything, print where to connect, stop everything on Ctrl-C."""
+    """Start everything, print where to connect, stop everything on Ctrl-C or SIGTERM."""
+    signal.signal(signal.SIGTERM, _interrupt)
     settings = load_settings("gateway")
     procs: list[subprocess.Popen[bytes]] = []
-    env = dict(os.environ)
     if not reachable(settings.redis.url):
         port = int(settings.redis.url.rsplit(":", 1)[-1].split("/")[0] or 6379)
         print(f"no Redis at {settings.redis.url}: starting one on port {port}", flush=True)
         procs.append(start_redis(port, Path(args.state_dir) / "redis"))
-    ports = {"asr": 8001, "tts": 8002, "gateway": 8000}
-    for service, port in ports.items():
-        env_port = os.environ.get(f"VA_{service.upper()}__SERVER__PORT")
-        ports[service] = int(env_port) if env_port else port
-        cmd = [sys.executable, "-m", f"services.{service}.server", "--port", str(ports[service])]
-        procs.append(subprocess.Popen(cmd, env=env))
+    urls = _service_urls()
     try:
-        wait_ready({s: f"http://127.0.0.1:{p}" for s, p in ports.items()}, procs[-3:], 120)
+        for name in SERVICES:
+            procs.append(subprocess.Popen([sys.executable, "-m", SERVICES[name].module]))
+        wait_ready(urls, procs[-len(SERVICES) :], STARTUP_TIMEOUT_S)
+        agent = urls["gateway"].replace("http://", "ws://") + "/v1/stream"
         print(
             "\nvoice-agent is up:\n"
-            f"  agent      ws://127.0.0.1:{ports['gateway']}/v1/stream\n"
-            f"  ASR        http://127.0.0.1:{ports['asr']}  (POST /v1/audio/transcriptions, "
-            "WS /v1/stream/asr)\n"
-            f"  TTS        http://127.0.0.1:{ports['tts']}  (POST /v1/audio/speech, "
-            "WS /v1/stream/tts)\n"
-            f"  try:       voice-agent client --wav your.wav --url ws://127.0.0.1:{ports['gateway']}"
-            "/v1/stream\n  Ctrl-C stops everything.",
+            f"  agent      {agent}\n"
+            f"  ASR        {urls['asr']}  (POST /v1/audio/transcriptions, WS /v1/stream/asr)\n"
+            f"  TTS        {urls['tts']}  (POST /v1/audio/speech, WS /v1/stream/tts)\n"
+            f"  try:       voice-agent client --wav your.wav --url {agent}\n"
+            "  Ctrl-C stops everything.",
             flush=True,
         )
-        signal.signal(signal.SIGTERM, _interrupt)
         while all(proc.poll() is None for proc in procs):
             time.sleep(0.5)
+        failed = next(proc for proc in procs if proc.poll() is not None)
+        raise SystemExit(f"a service exited with {failed.returncode}; stopping the others")
     except KeyboardInterrupt:
         pass
     finally:
-        for proc in reversed(procs):
+        _stop(procs)
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Stop the services first, Redis last; kill what does not stop in time."""
+    for proc in reversed(procs):
+        if proc.poll() is None:
             proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    for proc in reversed(procs):
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def serve(service: str, argv: list[str]) -> None:
+    """Run one service in this process (its `server.py`)."""
+    importlib.import_module(SERVICES[service].module).main(argv)
 
 
 def client(args: argparse.Namespace) -> None:
     """Talk to the agent with a wav file."""
-    from services.common.client import talk
+    from services.client.stream import talk
 
     asyncio.run(talk(args.url, Path(args.wav), Path(args.out) if args.out else None, args.timeout))
 
 
 def config(args: argparse.Namespace) -> None:
     """Print every setting (as markdown for the docs)."""
-    from services.common.settings_doc import markdown
+    from services.ops.settings_doc import markdown
 
     print(markdown())
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="voice-agent", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+def parser() -> argparse.ArgumentParser:
+    """The whole command line."""
+    top = argparse.ArgumentParser(prog="voice-agent", description=__doc__.split("\n")[0])
+    sub = top.add_subparsers(dest="command", required=True)
     p_up = sub.add_parser("up", help="start Redis (if none), ASR, TTS and the gateway")
     p_up.add_argument("--state-dir", default="var", help="where a started Redis keeps its files")
     p_up.set_defaults(func=up)
-    for service in ("asr", "tts", "gateway"):
+    for service in SERVICES:
         p = sub.add_parser(service, help=f"run the {service} service", add_help=False)
         p.set_defaults(func=None, service=service)
     p_client = sub.add_parser("client", help="stream a wav file to /v1/stream")
@@ -129,25 +161,26 @@ def main(argv: list[str] | None = None) -> None:
     p_config = sub.add_parser("config", help="print every setting, its default and meaning")
     p_config.add_argument("--markdown", action="store_true", help="(the only format for now)")
     p_config.set_defaults(func=config)
-    from services.common.doctor import add_parser as add_doctor
-
-    add_doctor(sub)
-    from services.common.models import add_models_command
-
+    add_doctor_command(sub)
     add_models_command(sub)
-    from services.loadtest.cli import add_loadtest_command
-
     add_loadtest_command(sub)
-    from services.plan.cli import add_plan_command
-
     add_plan_command(sub)
-    args, rest = parser.parse_known_args(argv)
+    return top
+
+
+def main(argv: list[str] | None = None) -> None:
+    top = parser()
+    args, rest = top.parse_known_args(argv)
     if args.func is None:
-        run_service(args.service, rest)
+        serve(args.service, rest)
         return
     if rest:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    args.func(args)
+        top.error(f"unrecognized arguments: {' '.join(rest)}")
+    try:
+        args.func(args)
+    except MissingExtra as exc:
+        print(f"voice-agent {args.command}: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

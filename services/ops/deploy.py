@@ -1,6 +1,6 @@
 """Render and check the nginx template in deploy/ (systemd units: scripts/install_systemd.sh).
 
-`python -m services.common.deploy nginx --gateway 127.0.0.1:8000 --gateway 127.0.0.1:8010
+`python -m services.ops.deploy nginx --gateway 127.0.0.1:8000 --gateway 127.0.0.1:8010
 --out /etc/nginx/nginx.conf` writes a complete nginx.conf. Templates hold `${UPPER_CASE}`
 variables (envsubst style); lower-case `$names` are nginx's own and stay as they are.
 """
@@ -160,7 +160,7 @@ def check_nginx(conf: Path, workdir: Path) -> tuple[bool, str]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m services.common.deploy", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m services.ops.deploy", description=__doc__)
     sub = parser.add_subparsers(dest="what", required=True)
     nginx = sub.add_parser("nginx", help="render deploy/nginx/voice-agent.conf")
     defaults = NginxSite()

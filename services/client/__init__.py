@@ -1,0 +1,1 @@
+"""A client of the gateway's `/v1/stream`: `voice-agent client`, the load generator, tests."""

@@ -1,0 +1,47 @@
+"""The services as the operator tools see them: each one's settings and its entry point.
+
+The tools (`voice-agent up|asr|tts|gateway|config|doctor`) sit above the services and
+import them; the services import only `services.common` (the layering rule, checked by
+import-linter in `make test`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.asr.settings import AsrSettings
+from services.common.settings import BaseServiceSettings, ServerSettings
+from services.gateway.settings import GatewaySettings
+from services.tts.settings import TtsSettings
+
+
+@dataclass(frozen=True)
+class Service:
+    """One service: its settings class, the section holding `server`, its entry module."""
+
+    name: str
+    settings: type[BaseServiceSettings]
+    section: str
+
+    @property
+    def module(self) -> str:
+        """`python -m` this to run the service (its `server.py`)."""
+        return f"services.{self.name}.server"
+
+
+SERVICES: dict[str, Service] = {
+    "asr": Service("asr", AsrSettings, "asr"),
+    "tts": Service("tts", TtsSettings, "tts"),
+    "gateway": Service("gateway", GatewaySettings, "gateway"),
+}
+
+
+def load_settings(service: str) -> BaseServiceSettings:
+    """The service's settings, read from the environment (`VA_...`)."""
+    return SERVICES[service].settings()
+
+
+def server_section(settings: BaseServiceSettings, service: str) -> ServerSettings:
+    """The `server` section of a service's settings."""
+    section: ServerSettings = getattr(settings, SERVICES[service].section).server
+    return section
