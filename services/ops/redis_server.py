@@ -52,6 +52,7 @@ def free_port() -> int:
 
 def start_redis(port: int, workdir: Path, wait_s: float = 10.0) -> subprocess.Popen[bytes]:
     """Start a throwaway redis-server on 127.0.0.1:`port` ; wait until it answers."""
+    workdir = workdir.resolve()  # redis-server enters --dir before it opens --logfile
     workdir.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
         [
