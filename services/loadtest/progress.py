@@ -58,9 +58,10 @@ class ProgressLine:
             phase = "finishing turns"
         recent = (snapshot.v2v_ms or [])[-RECENT:]
         v2v = f"{percentile(recent, 50):.0f} ms" if recent else "-"
+        ramp = f" (+{snapshot.ramp_turns} in ramp)" if snapshot.ramp_turns else ""
         return (
             f"level {self.index}/{self.levels}: {self.timeline.sessions} sessions, {phase} | "
-            f"up {snapshot.up} | turns {snapshot.turns} | errors {snapshot.errors} | "
+            f"up {snapshot.up} | turns {snapshot.turns}{ramp} | errors {snapshot.errors} | "
             f"v2v p50 {v2v}"
         )
 

@@ -68,7 +68,8 @@ class Live:
     """What this process's sessions have done so far, for the progress line."""
 
     up: int = 0
-    turns: int = 0
+    turns: int = 0  # started in the measured window: what the results count as turns
+    ramp_turns: int = 0  # started during the ramp (warm-up, not in the results)
     failures: int = 0  # failed connections and timeouts
     v2v_ms: list[float] = field(default_factory=list)
     conversations: list[Conversation] = field(default_factory=list)
@@ -217,6 +218,9 @@ class User:
         return response.playing and time.monotonic() < self.window.until
 
     def _count(self, response: Response | None, turn: TurnRecord) -> None:
-        self.live.turns += 1
+        if turn.in_window:
+            self.live.turns += 1
+        else:
+            self.live.ramp_turns += 1
         if response is not None and response.first_audio_at is not None and turn.last_sent_at:
             self.live.v2v_ms.append((response.first_audio_at - turn.last_sent_at) * 1000)

@@ -44,9 +44,10 @@ class Snapshot:
     """Progress of the whole level, as the progress line shows it."""
 
     up: int = 0
-    turns: int = 0
+    turns: int = 0  # in the measured window, as the results count them
     errors: int = 0
     v2v_ms: list[float] | None = None
+    ramp_turns: int = 0
 
 
 Progress = Callable[[Snapshot], None]
@@ -93,7 +94,7 @@ async def run_local(job: LevelJob, progress: Progress) -> LevelPart:
 
 async def _report(live: Live, progress: Progress) -> None:
     while True:
-        progress(Snapshot(live.up, live.turns, live.errors, list(live.v2v_ms)))
+        progress(Snapshot(live.up, live.turns, live.errors, list(live.v2v_ms), live.ramp_turns))
         await asyncio.sleep(REPORT_EVERY_S)
 
 
@@ -115,7 +116,9 @@ def _worker(job: LevelJob, worker: int) -> LevelPart:
         nonlocal sent
         fresh = (snapshot.v2v_ms or [])[sent:]
         sent += len(fresh)
-        _QUEUE.put((worker, snapshot.up, snapshot.turns, snapshot.errors, fresh))
+        _QUEUE.put(
+            (worker, (snapshot.up, snapshot.turns, snapshot.errors, snapshot.ramp_turns), fresh)
+        )
 
     return asyncio.run(run_local(job, report))
 
@@ -132,19 +135,21 @@ class Workers:
 
     def run(self, jobs: list[LevelJob], progress: Progress) -> LevelPart:
         futures = [self.pool.submit(_worker, job, w) for w, job in enumerate(jobs)]
-        state: dict[int, tuple[int, int, int]] = {}
+        state: dict[int, tuple[int, int, int, int]] = {}
         v2v: list[float] = []
         while not all(f.done() for f in futures):
-            for worker, up, turns, errors, fresh in self._drain():
-                state[worker] = (up, turns, errors)
+            for worker, counts, fresh in self._drain():
+                state[worker] = counts
                 v2v.extend(fresh)
-            totals = [sum(column) for column in zip(*state.values(), strict=False)] or [0, 0, 0]
-            progress(Snapshot(totals[0], totals[1], totals[2], v2v))
+            totals = [sum(column) for column in zip(*state.values(), strict=True)] or [0] * 4
+            progress(Snapshot(totals[0], totals[1], totals[2], v2v, totals[3]))
         for _ in self._drain(wait=False):
             pass  # late reports of this level must not count in the next
         return _merged(futures)
 
-    def _drain(self, wait: bool = True) -> Iterator[tuple[int, int, int, int, list[float]]]:
+    def _drain(
+        self, wait: bool = True
+    ) -> Iterator[tuple[int, tuple[int, int, int, int], list[float]]]:
         """Progress reports waiting in the queue (after up to one report period)."""
         with contextlib.suppress(queue.Empty):
             if wait:

@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from services.common.client import write_wav
-from services.common.redis_server import free_port
+from services.client.stream import write_wav
 from services.loadtest.cli import add_loadtest_command, main
 from services.loadtest.contract import Conversation
 from services.loadtest.level import LevelPart, level_report, mark_bottlenecks
@@ -22,6 +21,7 @@ from services.loadtest.server import Sample, engine_ms, http_base, server_report
 from services.loadtest.stats import STAGES, TurnRecord, stats, turn_figures, word_accuracy
 from services.loadtest.user import SessionRun, UserPlan, Window
 from services.loadtest.workers import Snapshot, split
+from services.ops.redis_server import free_port
 
 FRAME = bytes(2 * 24 * 40)  # 40 ms of 24 kHz PCM16
 Message = tuple[float, dict[str, Any] | bytes]
@@ -320,6 +320,8 @@ def test_progress_line_is_plain_text_off_a_terminal() -> None:
     assert text == (
         "level 1/2: 10 sessions, ramp 2 s | up 7 | turns 12 | errors 1 | v2v p50 1000 ms"
     )
+    ramping = Snapshot(up=7, turns=0, errors=0, v2v_ms=[], ramp_turns=3)
+    assert "| turns 0 (+3 in ramp) |" in line.text(ramping, 3.0)
     line(Snapshot(up=1))
     line(Snapshot(up=2))  # within the plain-text interval: not shown
     assert stream.getvalue().count("\n") == 1 and "\r" not in stream.getvalue()
