@@ -1,0 +1,194 @@
+"""The newcomer's path, walked on every `make test`: what `make run` gives a stranger.
+
+In a throw-away copy of the checkout (the files a fresh clone would have), `make
+install-lite` (exactly the install step of `make run`) builds a fresh `.venv`; then
+`.venv/bin/voice-agent up` (exactly what `make run` starts) runs on free ports with a
+Redis of its own; one spoken turn goes through `/v1/stream` with `voice-agent client`
+from that environment; every command's `--help` answers; a command whose optional extra
+the default install lacks exits 2 naming the install; Ctrl-C stops everything cleanly.
+
+A runtime import that needs something the default install lacks fails here, loudly,
+instead of in a user's first minute. pip's cache keeps it to about a minute.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import wave
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from services.client.stream import write_wav
+from services.ops.cli import wait_ready
+from services.ops.redis_server import free_port
+from tests.speech import speak, to_pcm16
+
+REPO = Path(__file__).resolve().parents[2]
+QUESTION = "what is the weather like in paris today"
+INSTALL_TIMEOUT_S = 600
+STOP_TIMEOUT_S = 40
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("git") is None or shutil.which("make") is None or not (REPO / ".git").exists(),
+    reason="needs a git checkout, git and make",
+)
+
+
+@dataclass
+class Newcomer:
+    """A fresh checkout with the default install, and the environment to run it in."""
+
+    root: Path
+    env: dict[str, str]
+    urls: dict[str, str]
+
+    def voice_agent(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(self.root / ".venv/bin/voice-agent"), *args],
+            cwd=self.root,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+
+def _copy_checkout(to: Path) -> None:
+    """The files a clone of this checkout would have (tracked, and new files not ignored)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    ).stdout.split(b"\0")
+    for name in filter(None, listed):
+        source = REPO / os.fsdecode(name)
+        if source.is_file():  # a file deleted but not yet committed is not copied
+            (to / source.relative_to(REPO)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, to / source.relative_to(REPO))
+
+
+def _stranger_env(ports: dict[str, int], redis_port: int) -> dict[str, str]:
+    """This machine's environment without this test run's Python or settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VA_", "PYTHON", "VIRTUAL"))}
+    path = [p for p in env.get("PATH", "").split(os.pathsep) if not p.startswith(sys.prefix)]
+    env["PATH"] = os.pathsep.join(path)
+    env["VA_REDIS__URL"] = f"redis://127.0.0.1:{redis_port}/0"
+    for name, port in ports.items():
+        env[f"VA_{name.upper()}__SERVER__PORT"] = str(port)
+    return env
+
+
+@pytest.fixture(scope="module")
+def newcomer(tmp_path_factory: pytest.TempPathFactory) -> Newcomer:
+    root = tmp_path_factory.mktemp("fresh-clone")
+    _copy_checkout(root)
+    ports = {"asr": free_port(), "tts": free_port(), "gateway": free_port()}
+    env = _stranger_env(ports, free_port())
+    install = subprocess.run(
+        ["make", "install-lite"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=INSTALL_TIMEOUT_S,
+        check=False,
+    )
+    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+    urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
+    return Newcomer(root, env, urls)
+
+
+@pytest.fixture(scope="module")
+def running(newcomer: Newcomer) -> Iterator[subprocess.Popen[str]]:
+    """`voice-agent up`, as `make run` starts it, until the test module is done."""
+    log = (newcomer.root / "up.log").open("w")
+    up = subprocess.Popen(
+        [str(newcomer.root / ".venv/bin/voice-agent"), "up"],
+        cwd=newcomer.root,
+        env=newcomer.env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group: cleaned up whole below
+    )
+    try:
+        wait_ready(newcomer.urls, [up], 180, logs=str(newcomer.root / "up.log"))
+        yield up
+    finally:
+        if up.poll() is None:
+            os.killpg(up.pid, signal.SIGKILL)
+        log.close()
+
+
+def test_default_install_has_no_optional_extra(newcomer: Newcomer) -> None:
+    """What `make run` installs (pip's view), so a later change to it is deliberate."""
+    listed = newcomer.voice_agent("--help")
+    assert listed.returncode == 0, listed.stderr
+    pip = subprocess.run(
+        [str(newcomer.root / ".venv/bin/python"), "-m", "pip", "list", "--format", "json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    installed = {p["name"].lower() for p in json.loads(pip.stdout)}
+    assert {"fastapi", "uvicorn", "redis", "onnxruntime", "av", "soxr"} <= installed
+    assert not {"jiwer", "matplotlib", "torch", "pytest"} & installed
+
+
+def test_every_command_answers_help(newcomer: Newcomer) -> None:
+    top = newcomer.voice_agent("--help")
+    assert top.returncode == 0, top.stderr
+    found = re.search(r"\{([a-z,-]+)\}", top.stdout)
+    assert found is not None, top.stdout
+    commands = found.group(1).split(",")
+    assert {"up", "asr", "tts", "gateway", "client", "loadtest", "plan", "doctor"} <= set(commands)
+    for words in [[c] for c in commands] + [["models", "pull"], ["models", "list"]]:
+        shown = newcomer.voice_agent(*words, "--help")
+        assert shown.returncode == 0, (words, shown.stderr)
+        assert "usage: voice-agent" in shown.stdout, (words, shown.stdout)
+
+
+def test_command_without_its_extra_names_the_install(newcomer: Newcomer) -> None:
+    refused = newcomer.voice_agent("loadtest", "--sessions", "1", "--duration", "1")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    (line,) = refused.stderr.strip().splitlines()
+    assert "loadtest" in line and "pip install -e '.[loadtest]'" in line, line
+    assert "Traceback" not in refused.stdout + refused.stderr
+
+
+def test_one_spoken_turn_then_a_clean_stop(
+    newcomer: Newcomer, running: subprocess.Popen[str], tmp_path: Path
+) -> None:
+    question, reply = tmp_path / "question.wav", tmp_path / "reply.wav"
+    silence = np.zeros(4800, np.float32)
+    write_wav(question, to_pcm16(np.concatenate([silence, speak(QUESTION, 16000), silence])), 16000)
+    gateway = newcomer.urls["gateway"].replace("http://", "ws://") + "/v1/stream"
+    talked = newcomer.voice_agent(
+        "client", "--wav", str(question), "--out", str(reply), "--url", gateway, timeout=90
+    )
+    assert talked.returncode == 0, talked.stdout[-2000:] + talked.stderr[-2000:]
+    events = [json.loads(line) for line in talked.stdout.splitlines() if line.startswith("{")]
+    finals = [e["text"] for e in events if e["type"] == "transcript.final"]
+    assert len(finals) == 1 and {"weather", "paris"} & set(finals[0].lower().split()), finals
+    assert [e["status"] for e in events if e["type"] == "response.done"] == ["completed"]
+    with wave.open(str(reply)) as saved:
+        assert saved.getnframes() / saved.getframerate() > 0.5  # agent audio came back
+
+    running.send_signal(signal.SIGINT)  # Ctrl-C, as a user stops `make run`
+    assert running.wait(timeout=STOP_TIMEOUT_S) == 0, (newcomer.root / "up.log").read_text()
+    leftover = subprocess.run(
+        ["pgrep", "-g", str(running.pid)], capture_output=True, text=True, check=False
+    )
+    assert leftover.stdout.strip() == "", "processes left running after Ctrl-C"
