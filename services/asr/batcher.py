@@ -5,10 +5,8 @@ Whenever the model is free the batcher takes everything waiting (finals first,
 partials only into the slots left, up to `max_batch`) and runs one model call in
 its own worker thread. Partials never delay a final: a batch of partials alone runs
 interruptibly where the engine can (`InterruptibleEngine`), and a final arriving
-meanwhile stops it; its partials go back to the head of their queue. An engine that
-decodes item by item (`sequential`, pocketsphinx) gets one utterance per call, finals
-first; a truly batched one (faster-whisper) fills a final batch's free slots with
-partials.
+meanwhile stops it; its partials go back to the head of their queue. A final batch's
+free slots are filled with partials.
 """
 
 from __future__ import annotations
@@ -108,11 +106,8 @@ class Batcher:
 
     def _take_batch(self) -> list[_Waiting]:
         batch: list[_Waiting] = []
-        # An engine that decodes item by item gains nothing from a batch, and every
-        # item would wait for the last: one at a time, so each result leaves at once.
-        limit = 1 if self.engine.sequential else self.max_batch
         for source in (self._finals, self._partials):
-            while source and len(batch) < limit:
+            while source and len(batch) < self.max_batch:
                 waiting = source.popleft()
                 if not waiting.future.done():  # the caller may have gone away
                     batch.append(waiting)

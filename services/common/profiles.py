@@ -37,12 +37,19 @@ def with_defaults(model: M, defaults: Mapping[str, Any]) -> M:
     return model.model_copy(update=update) if update else model
 
 
-def apply_profile(section: S, profile: Profile, gpu_engine: str, gpu_field: str, gpu: int) -> S:
+def apply_profile(
+    section: S,
+    profile: Profile,
+    gpu_engine: str,
+    gpu_field: str,
+    gpu: int,
+    gpu_defaults: Mapping[str, Any] | None = None,
+) -> S:
     """`section` with the defaults `profile` gives it; fields set explicitly win.
 
     `fake`: the fake engine. `dual-gpu`: `gpu_engine`, and unless another engine was
     chosen, its settings (the field `gpu_field`) on CUDA, on physical GPU `gpu` unless
-    they already name a `device_index`.
+    they already name a `device_index`, with `gpu_defaults` (the production model).
     """
     if profile == "fake":
         return with_defaults(section, {"engine": "fake"})
@@ -51,7 +58,7 @@ def apply_profile(section: S, profile: Profile, gpu_engine: str, gpu_field: str,
     section = with_defaults(section, {"engine": gpu_engine})
     if section.engine != gpu_engine:
         return section
-    defaults: dict[str, Any] = {"device": "cuda"}
+    defaults: dict[str, Any] = {"device": "cuda", **(gpu_defaults or {})}
     if "device_index" not in getattr(section, gpu_field).model_fields_set:
         defaults["gpu"] = gpu
     return with_defaults(section, {gpu_field: defaults})

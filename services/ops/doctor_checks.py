@@ -22,6 +22,8 @@ import redis
 
 from services.asr.settings import AsrSettings
 from services.common import gpu
+from services.common.errors import EngineUnavailable
+from services.common.packaged import PackagedModel
 from services.ops.deploy import (
     NginxSite,
     check_nginx,
@@ -29,7 +31,7 @@ from services.ops.deploy import (
     prepare_dirs,
     render_nginx,
 )
-from services.tts.settings import TtsSettings
+from services.tts.settings import PiperSettings, TtsSettings
 
 Status = Literal["OK", "WARN", "FAIL"]
 LITE = "pip install 'voice-agent[lite]'"
@@ -107,17 +109,16 @@ def _installed(module: str) -> bool:
 def check_asr_model(settings: AsrSettings) -> Check:
     """The configured ASR engine is installed and its model folder is complete."""
     section = settings.asr
-    if section.engine == "sphinx":
-        if _installed("pocketsphinx"):
-            return Check("model asr", "OK", "pocketsphinx (its wheel carries the model)")
-        return Check("model asr", "FAIL", "pocketsphinx missing", LITE)
     if section.engine == "fake":
         return Check("model asr", "OK", "the fake engine (no model)")
     if section.engine != "faster-whisper":
         return Check("model asr", "FAIL", f"unknown engine {section.engine!r}", "VA_ASR__ENGINE")
-    from services.asr.engines.whisper import resolve_model_dir
+    from services.asr.engines.whisper import PACKAGED, resolve_model_dir
 
     folder = resolve_model_dir(section.whisper)
+    packaged = PACKAGED.get(section.whisper.model)
+    if packaged is not None and not folder.is_dir():
+        return _packaged("model asr", packaged)
     pull = f"voice-agent models pull faster-whisper-{section.whisper.model} --dir "
     pull += str(section.whisper.models_dir)
     if not _installed("faster_whisper"):
@@ -145,6 +146,8 @@ def _importable_in(venv: Path, module: str) -> bool:
 def check_tts_model(settings: TtsSettings, tts_venv: Path | None = None) -> Check:
     """The configured TTS engine is installed and its model folder is complete."""
     section = settings.tts
+    if section.engine == "piper":
+        return _piper(section.piper)
     if section.engine == "espeak":
         if _installed("espeakng_loader"):
             return Check("model tts", "OK", "espeak-ng (bundled by espeakng-loader)")
@@ -172,6 +175,29 @@ def check_tts_model(settings: TtsSettings, tts_venv: Path | None = None) -> Chec
         return Check("model tts", "WARN", detail, "pass --tts-venv DIR to check the TTS one")
     state = "downloads at start-up" if missing else f"model at {folder}"
     return Check("model tts", "WARN" if missing else "OK", f"chatterbox ({where}); {state}")
+
+
+def _packaged(name: str, model: PackagedModel) -> Check:
+    """A model that comes in a wheel: installed, the pinned version, every file's SHA-256."""
+    try:
+        folder = model.verify()
+    except EngineUnavailable as exc:
+        return Check(name, "FAIL", str(exc), LITE)
+    return Check(name, "OK", f"{model.name} from {model.distribution} {model.version} at {folder}")
+
+
+def _piper(settings: PiperSettings) -> Check:
+    from services.tts.engines.piper import PACKAGED, PiperEngine
+
+    if not _installed("piper"):
+        return Check("model tts", "FAIL", "piper-tts missing", LITE)
+    voice = settings.default_voice
+    if voice in PACKAGED:
+        return _packaged("model tts", PACKAGED[voice][0])
+    if PiperEngine(settings).has_voice(voice):
+        return Check("model tts", "OK", f"Piper voice {voice} in {settings.voices_dir}")
+    fix = f"put {voice}.onnx and {voice}.onnx.json in {settings.voices_dir}, or use 'joe'"
+    return Check("model tts", "FAIL", f"no Piper voice {voice!r}", fix)
 
 
 def _redacted(url: str) -> str:

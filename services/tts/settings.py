@@ -21,10 +21,33 @@ S3GEN_FADE_TOKENS: Final = 1
 class EspeakSettings(BaseModel):
     """espeak-ng through the espeakng-loader wheel: the embedded engine."""
 
-    default_voice: str = "en-us+klatt2"
-    """Voice used when a request names none (chosen because ASR engines understand it)."""
-    words_per_minute: int = Field(default=140, ge=80, le=450)
+    default_voice: str = "en-us"
+    """Voice used when a request names none."""
+    words_per_minute: int = Field(default=160, ge=80, le=450)
     """Speaking rate at speed 1.0."""
+
+
+class PiperSettings(BaseModel):
+    """Piper (piper-tts on onnxruntime): the default CPU voice."""
+
+    default_voice: str = "joe"
+    """Voice when a request names none: `joe` (en_US-joe-medium, built in) or a voice added
+    to `voices_dir`."""
+    voices_dir: Path = Path("voices/piper")
+    """Extra Piper voices: `<name>.onnx` with its `<name>.onnx.json`, spoken as `<name>`."""
+    threads: int = Field(default=1, ge=0, le=64)
+    """onnxruntime threads per synthesis (0: every core); `max_concurrent` run at once."""
+    volume: float = Field(default=1.5, gt=0.0, le=4.0)
+    """Gain on the voice's output (Piper voices peak near 0.6; clipped at full scale)."""
+    first_piece_words: int = Field(default=6, ge=1, le=200)
+    """A first sentence longer than this is cut early, so the first audio leaves sooner: at
+    its first comma (or ; : —), else before a word that starts a phrase (near, and...)."""
+    max_piece_words: int = Field(default=20, ge=2, le=500)
+    """A later sentence longer than this is cut at its clause boundaries."""
+    clause_pause_ms: int = Field(default=120, ge=0, le=1000)
+    """Silence kept at a cut after a comma (a voice ends every piece with about 200 ms)."""
+    phrase_pause_ms: int = Field(default=30, ge=0, le=1000)
+    """Silence kept at a cut between two words (the first sentence's early cut)."""
 
 
 class FakeTtsSettings(BaseModel):
@@ -134,8 +157,10 @@ class VoiceLibrarySettings(BaseModel):
 class TtsSection(EngineSection):
     """The TTS service proper."""
 
-    engine: str = "espeak"
-    """Engine name: `espeak`, `chatterbox` or `fake`."""
+    engine: str = "piper"
+    """Engine name: `piper`, `espeak`, `chatterbox` or `fake`."""
+    piper: PiperSettings = PiperSettings()
+    """Piper settings."""
     espeak: EspeakSettings = EspeakSettings()
     """espeak-ng settings."""
     chatterbox: ChatterboxSettings = ChatterboxSettings()

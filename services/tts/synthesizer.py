@@ -23,7 +23,7 @@ import numpy as np
 
 from services.common.audio import AudioF32, StreamResampler, ms_to_samples
 from services.common.errors import CapacityError, UnknownVoice
-from services.tts.engines.base import LibraryVoice, SpeechRequest, TtsEngine
+from services.tts.engines.base import SpeechRequest, TtsEngine
 from services.tts.metrics import TTS_AUDIO_SECONDS, TTS_FIRST_AUDIO, TTS_RTF
 from services.tts.voices import VoiceLibrary, is_library_id
 
@@ -143,7 +143,7 @@ class Synthesizer:
                 "see GET /v1/voices"
             )
         clip = await self.library.local_clip(info)
-        voice = self.engine.library_voice(LibraryVoice(info.id, clip, info.espeak_voice))
+        voice = self.engine.library_voice(info.speaker(clip))
         return dataclasses.replace(request, voice=voice)
 
     async def _run(

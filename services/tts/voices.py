@@ -30,6 +30,7 @@ from redis.asyncio import Redis
 
 from services.common.audio import AudioF32, decode_file, encode_audio
 from services.common.errors import InvalidAudio, InvalidMessage
+from services.tts.engines.base import LibraryVoice
 from services.tts.settings import VoiceLibrarySettings
 
 VOICE_ID: Final = re.compile(r"^v_[0-9a-f]{16}$")
@@ -109,6 +110,11 @@ class VoiceInfo:
     peak: float
     created_at: float
     espeak_voice: str | None = None
+    piper_voice: str | None = None
+
+    def speaker(self, clip: Path) -> LibraryVoice:
+        """What an engine needs to speak with this voice (its clip on this host)."""
+        return LibraryVoice(self.id, clip, self.espeak_voice, self.piper_voice)
 
     def to_redis(self) -> dict[str, str]:
         return {k: str(v) for k, v in asdict(self).items() if v is not None}
@@ -125,6 +131,7 @@ class VoiceInfo:
             peak=float(raw["peak"]),
             created_at=float(raw["created_at"]),
             espeak_voice=raw.get("espeak_voice"),
+            piper_voice=raw.get("piper_voice"),
         )
 
     def public(self) -> dict[str, Any]:
@@ -155,7 +162,12 @@ class VoiceLibrary:
         return self.settings.dir / f"{voice_id}.wav"
 
     async def add(
-        self, samples: AudioF32, stats: ClipStats, name: str, espeak_voice: str | None
+        self,
+        samples: AudioF32,
+        stats: ClipStats,
+        name: str,
+        espeak_voice: str | None = None,
+        piper_voice: str | None = None,
     ) -> VoiceInfo:
         """Store a validated clip; InvalidMessage when the library is full."""
         if await self.redis.scard(self._index) >= self.settings.max_voices:
@@ -171,6 +183,7 @@ class VoiceLibrary:
             peak=stats.peak,
             created_at=time.time(),
             espeak_voice=espeak_voice,
+            piper_voice=piper_voice,
         )
         wav = await asyncio.to_thread(encode_audio, samples, info.sample_rate, "wav")
         await asyncio.to_thread(_write_atomically, self.clip_path(info.id), wav)

@@ -15,11 +15,11 @@ from fastapi import APIRouter, File, Form, UploadFile
 from fastapi.responses import JSONResponse
 
 from services.common.errors import InvalidMessage, UnknownVoice
-from services.tts.engines.base import LibraryVoice
 from services.tts.synthesizer import OPENAI_VOICES, Synthesizer
 from services.tts.voices import VoiceLibrary, decode_clip
 
 _ESPEAK_VOICE = re.compile(r"^[a-z]{2,3}(-[a-z0-9]{1,8})*(\+[A-Za-z0-9_-]{1,32})?$")
+_PIPER_VOICE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
 class VoiceNotFound(UnknownVoice):
@@ -35,13 +35,12 @@ def _name(name: str) -> str:
     return cleaned
 
 
-def _espeak_voice(voice: str | None) -> str | None:
+def _stand_in(field: str, voice: str | None, pattern: re.Pattern[str], like: str) -> str | None:
+    """A stand-in voice name for engines that cannot clone (None when not given)."""
     if voice is None or voice == "":
         return None
-    if not _ESPEAK_VOICE.match(voice):
-        raise InvalidMessage(
-            f"espeak_voice {voice!r} is not an espeak voice name like en-us+klatt2"
-        )
+    if not pattern.match(voice):
+        raise InvalidMessage(f"{field} {voice!r} is not a voice name like {like}")
     return voice
 
 
@@ -55,14 +54,17 @@ def router(synthesizer: Synthesizer, library: VoiceLibrary) -> APIRouter:
         file: Annotated[UploadFile, File()],
         name: Annotated[str, Form()],
         espeak_voice: Annotated[str | None, Form()] = None,
+        piper_voice: Annotated[str | None, Form()] = None,
     ) -> dict[str, Any]:
-        label, stand_in = _name(name), _espeak_voice(espeak_voice)
+        label = _name(name)
+        espeak = _stand_in("espeak_voice", espeak_voice, _ESPEAK_VOICE, "en-us+klatt2")
+        piper = _stand_in("piper_voice", piper_voice, _PIPER_VOICE, "joe")
         data = await file.read(library.settings.max_upload_bytes + 1)  # over: decode_clip says so
         samples, stats = await asyncio.to_thread(decode_clip, data, library.settings)
-        info = await library.add(samples, stats, label, stand_in)
-        try:  # the engine may refuse it (espeak: an unknown stand-in) or fail to prepare it
+        info = await library.add(samples, stats, label, espeak, piper)
+        try:  # the engine may refuse it (an unknown stand-in) or fail to prepare it
             clip = await library.local_clip(info)
-            voice = engine.library_voice(LibraryVoice(info.id, clip, info.espeak_voice))
+            voice = engine.library_voice(info.speaker(clip))
             await asyncio.to_thread(engine.prepare_voice, voice)
         except BaseException:
             await library.delete(info.id)

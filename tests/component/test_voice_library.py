@@ -22,7 +22,14 @@ from services.common.jobs import TtsJob
 from services.tts.app import create_app
 from services.tts.engines.base import AudioF32, SpeechRequest
 from services.tts.engines.espeak import EspeakEngine
-from services.tts.settings import EspeakSettings, TtsSection, TtsSettings, VoiceLibrarySettings
+from services.tts.engines.piper import PiperEngine
+from services.tts.settings import (
+    EspeakSettings,
+    PiperSettings,
+    TtsSection,
+    TtsSettings,
+    VoiceLibrarySettings,
+)
 from services.tts.voices import VOICE_ID
 from tests.conftest import RedisProc
 
@@ -97,7 +104,7 @@ def test_upload_list_delete_round_trip(client: TestClient, voices_dir: Path) -> 
     assert voice["engine"] == "espeak"
     assert (voices_dir / f"{voice['id']}.wav").is_file()
     listed = client.get("/v1/voices").json()
-    assert listed["default"] == "en-us+klatt2"
+    assert listed["default"] == "en-us"
     assert listed["openai_voices"]["maps_to"] == listed["default"]
     assert any(v["source"] == "engine" and v["id"] == "en-us" for v in listed["voices"])
     assert [v["id"] for v in library(client)] == [voice["id"]]
@@ -161,7 +168,39 @@ def test_uploaded_voice_speaks(client: TestClient, engine: SpyEspeak) -> None:
     wav_body = {"input": "hello", "voice": british, "response_format": "wav"}
     assert client.post("/v1/audio/speech", json=wav_body).status_code == 200
     # espeak cannot clone: a library voice speaks with its stand-in, else the default
-    assert engine.spoken == ["en-us+klatt2", "en-us+klatt2", "en-gb", "en-gb"]
+    assert engine.spoken == ["en-us", "en-us", "en-gb", "en-gb"]
+
+
+class SpyPiper(PiperEngine):
+    """The real Piper engine, noting which voice each synthesis speaks with."""
+
+    def __init__(self) -> None:
+        super().__init__(PiperSettings())
+        self.spoken: list[str] = []
+
+    def synthesize(self, request: SpeechRequest) -> Iterator[AudioF32]:
+        self.spoken.append(request.voice)
+        return super().synthesize(request)
+
+
+def test_piper_speaks_a_library_voice_with_its_piper_stand_in(
+    redis_server: RedisProc, voices_dir: Path
+) -> None:
+    piper = SpyPiper()
+    section = TtsSection(voices=VoiceLibrarySettings(dir=voices_dir, max_upload_mb=0.5))
+    app = create_app(TtsSettings(redis=redis_server.settings(), tts=section), piper)
+    with TestClient(app) as client:
+        plain = upload(client, GOOD).json()["id"]
+        joe = upload(client, GOOD, name="Joe", piper_voice="joe").json()
+        assert (joe["piper_voice"], joe["engine"]) == ("joe", "piper")
+        unknown = upload(client, GOOD, piper_voice="nobody")
+        assert unknown.status_code == 400, unknown.text
+        assert "unknown Piper voice 'nobody'" in unknown.json()["error"]["message"]
+        assert upload(client, GOOD, piper_voice="../joe").status_code == 400
+        assert [v["name"] for v in library(client)] == ["Ada", "Joe"]  # the refused left none
+        for voice in (plain, joe["id"]):
+            assert speech(client, voice).status_code == 200
+    assert piper.spoken[-2:] == ["joe", "joe"]
 
 
 def test_deleted_voice_is_refused(client: TestClient) -> None:

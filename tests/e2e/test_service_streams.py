@@ -182,7 +182,7 @@ async def test_tts_stream_serves_requests_in_order(lite_stack: Stack) -> None:
         start_2, _, done_2 = await _read_request(ws)
     assert (start_1["id"], start_2["id"]) == ("first", "second")
     assert done_1["status"] == done_2["status"] == "completed"
-    assert start_1["sample_rate"] == start_2["sample_rate"] == 22050  # espeak-ng's own rate
+    assert start_1["sample_rate"] == start_2["sample_rate"] == 22050  # the Piper voice's own rate
     assert done_1["audio_ms"] > done_2["audio_ms"] > 200
     assert float(np.abs(pcm16_to_float(audio_1)).max()) > 0.05
 
@@ -204,12 +204,14 @@ async def test_tts_stream_honours_sample_rate(lite_stack: Stack) -> None:
             "completed",
         )
         durations.append(len(audio) / 2 / rate)
-        # Band-limited: a 48 kHz reply holds no energy above espeak's own Nyquist (11 kHz).
+        assert abs(done["audio_ms"] - 1000 * durations[-1]) <= 1
+        # Band-limited: a 48 kHz reply holds no energy above the voice's Nyquist (11 kHz).
         if rate == 48000:
             spectrum = np.abs(np.fft.rfft(pcm16_to_float(audio)))
             freqs = np.fft.rfftfreq(len(audio) // 2, 1 / rate)
             assert spectrum[freqs > 12000].sum() < 0.01 * spectrum.sum()
-    assert max(durations) - min(durations) < 0.02, durations
+    # the same text at every rate (Piper's phoneme durations carry a little noise)
+    assert max(durations) < 1.15 * min(durations), durations
 
 
 async def test_tts_stream_cancel_mid_stream(lite_stack: Stack) -> None:

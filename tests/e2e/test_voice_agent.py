@@ -12,7 +12,7 @@ from tests.conftest import Stack
 from tests.e2e.wire import recall
 from tests.speech import speak
 
-# pocketsphinx's general English model recognizes these espeak-ng sentences well; the
+# Whisper tiny.en hears these espeak-ng sentences well (test_real_speech.py measures it); the
 # pipeline, not the embedded recognizer's accuracy, is what is under test here.
 SENTENCES = [
     "what is the weather like in paris today",

@@ -34,7 +34,6 @@ class FakeEngine:
     sample_rate = RATE
     model = "fake"
     device = "cpu"
-    sequential = False
 
     def __init__(self, hold_first: bool = False, fail_on: str | None = None) -> None:
         self.batches: list[list[str]] = []
@@ -165,7 +164,7 @@ async def test_finals_first_and_partials_only_fill_leftover_slots(
 
 
 class InterruptibleFake(FakeEngine):
-    """Partial batches run until released or stopped, as pocketsphinx's sliced decode does;
+    """Partial batches run until released or stopped, as an interruptible engine's call does;
     other batches run at once."""
 
     def transcribe_batch(self, items: Sequence[AsrInput]) -> list[Transcript]:
@@ -209,19 +208,6 @@ async def test_batches_with_a_final_are_never_interruptible(
     start(batcher, running)
     await asyncio.gather(*both)
     assert engine.batches == [["f0", "p0"]]
-
-
-async def test_a_sequential_engine_gets_one_at_a_time_finals_first(
-    running: list[asyncio.Task[None]],
-) -> None:
-    engine = FakeEngine(hold_first=True)
-    engine.sequential = True
-    batcher = Batcher(engine, max_batch=4, max_queue=100)
-    start(batcher, running)
-    tasks = await behind_first(batcher, engine, "f0", partials("p0") + finals("f1", "f2"))
-    engine.release.set()
-    await asyncio.gather(*tasks)
-    assert engine.batches == [["f0"], ["f1"], ["f2"], ["p0"]]
 
 
 async def test_max_wait_lets_a_batch_fill(running: list[asyncio.Task[None]]) -> None:

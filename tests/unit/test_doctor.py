@@ -62,7 +62,7 @@ def test_gpus(
 
 
 def test_gpu_auto_without_gpu_warns(monkeypatch: pytest.MonkeyPatch) -> None:
-    asr = AsrSettings.model_validate({"asr": {"engine": "faster-whisper"}})
+    asr = AsrSettings.model_validate({"asr": {"whisper": {"device": "auto"}}})
     with nvml_installed(monkeypatch, None):
         check = check_gpus(asr, TtsSettings())
     assert check.status == "WARN" and "asr will use the CPU" in check.detail
@@ -81,7 +81,7 @@ def test_doctor_passes_the_fake_engines() -> None:
 
 def test_whisper_model_folder(tmp_path: Path) -> None:
     settings = AsrSettings.model_validate(
-        {"asr": {"engine": "faster-whisper", "whisper": {"models_dir": str(tmp_path)}}}
+        {"asr": {"whisper": {"model": "large-v3-turbo", "models_dir": str(tmp_path)}}}
     )
     missing = check_asr_model(settings)
     assert missing.status == "FAIL"

@@ -35,7 +35,7 @@ def test_describes_itself(engine: EspeakEngine) -> None:
     typed: TtsEngine = engine
     assert (typed.name, typed.device, typed.sample_rate) == ("espeak", "cpu", 22050)
     assert typed.model.startswith("espeak-ng 1.")
-    assert typed.default_voice == "en-us+klatt2"
+    assert typed.default_voice == "en-us"
 
 
 def test_voices_list_english_and_variants(engine: EspeakEngine) -> None:

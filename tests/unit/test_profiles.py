@@ -23,14 +23,20 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_lite_is_the_default() -> None:
-    assert AsrSettings().asr.engine == "sphinx"
-    assert TtsSettings().tts.engine == "espeak"
+    asr = AsrSettings().asr
+    assert (asr.engine, asr.whisper.model, asr.whisper.device) == (
+        "faster-whisper",
+        "tiny.en",
+        "cpu",
+    )
+    assert (TtsSettings().tts.engine, TtsSettings().tts.piper.default_voice) == ("piper", "joe")
 
 
 def test_dual_gpu_picks_faster_whisper_on_gpu_0_and_chatterbox_on_gpu_1() -> None:
     asr = AsrSettings(profile="dual-gpu").asr
     tts = TtsSettings(profile="dual-gpu").tts
     assert (asr.engine, asr.whisper.device, asr.whisper.gpu) == ("faster-whisper", "cuda", 0)
+    assert asr.whisper.model == "large-v3-turbo"
     assert (tts.engine, tts.chatterbox.device, tts.chatterbox.gpu) == ("chatterbox", "cuda", 1)
 
 
@@ -42,11 +48,18 @@ def test_dual_gpu_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_an_explicit_engine_wins(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VA_PROFILE", "dual-gpu")
-    monkeypatch.setenv("VA_ASR__ENGINE", "sphinx")
-    monkeypatch.setenv("VA_TTS__ENGINE", "espeak")
+    monkeypatch.setenv("VA_ASR__ENGINE", "fake")
+    monkeypatch.setenv("VA_TTS__ENGINE", "piper")
     asr, tts = AsrSettings().asr, TtsSettings().tts
-    assert (asr.engine, asr.whisper.device, asr.whisper.gpu) == ("sphinx", "auto", None)
-    assert (tts.engine, tts.chatterbox.gpu) == ("espeak", None)
+    assert (asr.engine, asr.whisper.device, asr.whisper.gpu) == ("fake", "cpu", None)
+    assert (tts.engine, tts.chatterbox.gpu) == ("piper", None)
+
+
+def test_an_explicit_model_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VA_PROFILE", "dual-gpu")
+    monkeypatch.setenv("VA_ASR__WHISPER__MODEL", "tiny.en")
+    asr = AsrSettings().asr
+    assert (asr.whisper.model, asr.whisper.device, asr.whisper.gpu) == ("tiny.en", "cuda", 0)
 
 
 def test_explicit_device_settings_win(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -65,8 +78,8 @@ def test_explicit_device_settings_win(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_settings_passed_in_code_win_too() -> None:
-    asr = AsrSettings(profile="dual-gpu", asr=AsrSection(engine="sphinx", max_batch=4)).asr
-    assert (asr.engine, asr.max_batch) == ("sphinx", 4)
+    asr = AsrSettings(profile="dual-gpu", asr=AsrSection(engine="fake", max_batch=4)).asr
+    assert (asr.engine, asr.max_batch) == ("fake", 4)
     tts = TtsSettings(profile="dual-gpu", tts=TtsSection(max_concurrent=8)).tts
     assert (tts.engine, tts.max_concurrent) == ("chatterbox", 8)
 
@@ -74,9 +87,9 @@ def test_settings_passed_in_code_win_too() -> None:
 def test_profiles_never_change_the_shared_defaults() -> None:
     AsrSettings(profile="dual-gpu")
     TtsSettings(profile="dual-gpu")
-    assert AsrSettings().asr.engine == "sphinx"
+    assert AsrSettings().asr.whisper.model == "tiny.en"
     assert AsrSection().whisper.gpu is None
-    assert TtsSection().engine == "espeak"
+    assert TtsSection().engine == "piper"
 
 
 def test_with_defaults_fills_only_unset_fields() -> None:
@@ -105,13 +118,13 @@ def test_fake_profile_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> N
 
 def test_an_explicit_engine_beats_the_fake_profile(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VA_PROFILE", "fake")
-    monkeypatch.setenv("VA_ASR__ENGINE", "sphinx")
-    assert AsrSettings().asr.engine == "sphinx"
+    monkeypatch.setenv("VA_ASR__ENGINE", "faster-whisper")
+    assert AsrSettings().asr.engine == "faster-whisper"
     assert TtsSettings().tts.engine == "fake"
     assert TtsSettings(tts=TtsSection(engine="espeak")).tts.engine == "espeak"
 
 
 def test_fake_engines_are_chosen_by_name_under_any_profile() -> None:
     assert AsrSettings(asr=AsrSection(engine="fake")).asr.engine == "fake"
-    assert AsrSettings().asr.engine == "sphinx"  # the profile changed no shared default
+    assert AsrSettings().asr.engine == "faster-whisper"  # the profile changed no default
     assert TtsSettings(profile="dual-gpu", tts=TtsSection(engine="fake")).tts.engine == "fake"

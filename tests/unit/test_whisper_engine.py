@@ -148,15 +148,28 @@ class _CountingModel:
         return counted
 
 
-def test_a_batch_is_one_encode_and_one_generate(engine: FasterWhisperEngine) -> None:
+@pytest.mark.parametrize(
+    ("items", "windows", "detections"),
+    [
+        (_utterances()[:4], 1, 1),  # all under 9 s: the 10 s window
+        (_utterances(), 2, 1),  # and a 12 s one (in Japanese: no detection): 20 s
+    ],
+)
+def test_a_batch_is_one_encode_and_one_generate_per_window(
+    engine: FasterWhisperEngine, items: list[AsrInput], windows: int, detections: int
+) -> None:
     whisper = engine._whisper
     counting = _CountingModel(whisper.model)
     whisper.model = counting
     try:
-        engine.transcribe_batch(_utterances())
+        engine.transcribe_batch(items)
     finally:
         whisper.model = counting.inner
-    assert counting.calls == {"encode": 1, "detect_language": 1, "generate": 1}
+    assert counting.calls == {
+        "encode": windows,
+        "detect_language": detections,
+        "generate": windows,
+    }
 
 
 def test_unknown_language_is_detected(engine: FasterWhisperEngine) -> None:
@@ -210,3 +223,17 @@ def test_model_folder_resolution(tmp_path: Path, model_dir: Path) -> None:
 
 def test_output_is_bounded_by_duration() -> None:
     assert max_new_tokens(0.5) < max_new_tokens(5.0) < max_new_tokens(30.0) == 224
+
+
+@pytest.mark.parametrize(
+    ("min_window_s", "frames", "window"),
+    [(10.0, 350, 1000), (10.0, 900, 1000), (10.0, 901, 2000), (10.0, 2950, 3000), (30.0, 1, 3000)],
+)
+def test_encoder_windows_are_whole_multiples_of_the_least(
+    model_dir: Path, min_window_s: float, frames: int, window: int
+) -> None:
+    engine = FasterWhisperEngine(
+        WhisperSettings(model=str(model_dir), device="cpu", min_window_s=min_window_s, warmup=False)
+    )
+    engine.load()
+    assert engine._window_frames(frames) == window

@@ -8,12 +8,6 @@ from services.asr.engines.base import AsrEngine
 from services.asr.settings import AsrSection
 
 
-def _sphinx(section: AsrSection) -> AsrEngine:
-    from services.asr.engines.sphinx import SphinxEngine
-
-    return SphinxEngine(section.sphinx)
-
-
 def _faster_whisper(section: AsrSection) -> AsrEngine:
     from services.asr.engines.whisper import FasterWhisperEngine
 
@@ -27,7 +21,6 @@ def _fake(section: AsrSection) -> AsrEngine:
 
 
 ENGINES: dict[str, Callable[[AsrSection], AsrEngine]] = {
-    "sphinx": _sphinx,
     "faster-whisper": _faster_whisper,
     "fake": _fake,
 }

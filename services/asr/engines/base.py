@@ -42,8 +42,6 @@ class AsrEngine(Protocol):
     sample_rate: int
     model: str
     device: str
-    sequential: bool
-    """Decodes item by item (no batching gain): the batcher sends one utterance per call."""
 
     def load(self) -> None:
         """Load the model; raise EngineUnavailable with the fix in the message if it cannot."""

@@ -21,7 +21,6 @@ class FakeAsrEngine:
     sample_rate = 16000
     model = "fake"
     device = "cpu"
-    sequential = False
 
     def __init__(self, settings: FakeAsrSettings) -> None:
         self.settings = settings

