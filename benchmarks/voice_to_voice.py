@@ -1,10 +1,14 @@
-"""Voice-to-voice latency of the lite profile: last speech frame sent → first agent audio.
+"""Voice-to-voice on the default profile: latency, what the ASR heard, how clear the reply is.
 
     python -m benchmarks.voice_to_voice --turns 10 --out benchmarks/results/voice_to_voice_lite.json
 
-Starts Redis, ASR (pocketsphinx), TTS (espeak-ng) and the gateway as separate processes,
-speaks espeak-ng sentences at real-time pace through /v1/stream (one session, one turn at
-a time) and records per-turn timings from the client's side.
+Starts Redis, ASR (faster-whisper tiny.en), TTS (Piper) and the gateway as separate
+processes (`voice-agent up`'s layout), then speaks the load test's requests at real-time
+pace through /v1/stream, one session, one turn at a time, in several voices: espeak-ng
+(en-us at 160 and 190 words per minute, en-gb) and Piper (joe at speed 1.0 and 1.2).
+Per turn, from the client's side: the stages up to the first agent audio; the transcript
+(word error rate against the script); and the echo agent's spoken reply transcribed
+again by the ASR service (the share of its words recovered: reply intelligibility).
 """
 
 from __future__ import annotations
@@ -13,29 +17,61 @@ import argparse
 import asyncio
 import json
 import os
+from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 from typing import Any
+
+import httpx
+import jiwer
+import numpy as np
+import numpy.typing as npt
 
 from benchmarks.report import summary, write
 from benchmarks.stack import lite_stack
 from services.client.stream import StreamClient
+from services.common.audio import encode_audio, pcm16_to_float, resample
+from services.loadtest.corpus import SENTENCES
+from services.loadtest.stats import words
+from services.tts.engines.base import SpeechRequest
+from services.tts.engines.piper import PiperEngine
+from services.tts.settings import PiperSettings
 from tests.speech import speak
 
-SENTENCES = [
-    "what is the weather like in paris today",
-    "tell me a story about the sea",
-    "how are you doing today",
-    "how is the weather today",
-]
+Audio = npt.NDArray[np.float32]
 
 
-async def run_turns(url: str, turns: int) -> list[dict[str, Any]]:
+@cache
+def _piper() -> PiperEngine:
+    engine = PiperEngine(PiperSettings())
+    engine.load()
+    return engine
+
+
+def _piper_voice(speed: float) -> Callable[[str], Audio]:
+    def say(text: str) -> Audio:
+        request = SpeechRequest(text=text, voice="joe", speed=speed)
+        audio = np.concatenate(list(_piper().synthesize(request)))
+        return resample(audio, _piper().sample_rate, 16000)
+
+    return say
+
+
+VOICES: dict[str, Callable[[str], Audio]] = {
+    "espeak en-us 160 wpm": lambda text: speak(text, 16000, "en-us", 160),
+    "espeak en-us 190 wpm": lambda text: speak(text, 16000, "en-us", 190),
+    "espeak en-gb 150 wpm": lambda text: speak(text, 16000, "en-gb", 150),
+    "piper joe 1.0": _piper_voice(1.0),
+    "piper joe 1.2": _piper_voice(1.2),
+}
+
+
+async def run_turns(url: str, voice: str, sentences: list[str]) -> list[dict[str, Any]]:
     rows = []
     async with StreamClient(url) as client:
-        for i in range(turns):
-            sentence = SENTENCES[i % len(SENTENCES)]
+        for sentence in sentences:
             turn = client.new_turn()
-            await client.speak(speak(sentence, 16000), 16000)
+            await client.speak(VOICES[voice](sentence), 16000)
             await client.silence_until("response.done", timeout_s=30)
             sent = turn.last_speech_sent_at or 0.0
 
@@ -45,37 +81,78 @@ async def run_turns(url: str, turns: int) -> list[dict[str, Any]]:
 
             rows.append(
                 {
+                    "voice": voice,
                     "sentence": sentence,
                     "transcript": turn.of_type("transcript.final")[0]["text"],
                     "speech_stopped_ms": since("speech.stopped"),
                     "transcript_final_ms": since("transcript.final"),
                     "response_created_ms": since("response.created"),
                     "voice_to_voice_ms": round(turn.voice_to_voice_ms or -1, 1),
+                    "reply": bytes(turn.audio),
                 }
             )
-            print(json.dumps(rows[-1]), flush=True)
     return rows
+
+
+def reply_heard(asr_url: str, row: dict[str, Any]) -> str:
+    """The agent's spoken reply (24 kHz PCM16), transcribed by the ASR service."""
+    wav = encode_audio(resample(pcm16_to_float(row.pop("reply")), 24000, 16000), 16000, "wav")
+    response = httpx.post(
+        f"{asr_url}/v1/audio/transcriptions",
+        files={"file": ("reply.wav", wav, "audio/wav")},
+        data={"model": "whisper-1"},
+        timeout=60,
+    )
+    response.raise_for_status()
+    return str(response.json()["text"])
+
+
+def error_rate(rows: list[dict[str, Any]], said: str, heard: str) -> float:
+    return round(
+        float(jiwer.wer([words(r[said]) for r in rows], [words(r[heard]) for r in rows])), 4
+    )
+
+
+def recovered(rows: list[dict[str, Any]]) -> float:
+    """Share of the reply's words the second transcription gives back (hits / reference)."""
+    out = jiwer.process_words(
+        [words(r["transcript"]) for r in rows], [words(r["reply_heard"]) for r in rows]
+    )
+    return round(out.hits / max(1, out.hits + out.substitutions + out.deletions), 4)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--turns", type=int, default=10)
+    parser.add_argument("--turns", type=int, default=10, help="turns per voice")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    sentences = [SENTENCES[i % len(SENTENCES)] for i in range(args.turns)]
+    rows: list[dict[str, Any]] = []
     with lite_stack() as urls:
         url = urls["gateway"].replace("http", "ws") + "/v1/stream"
-        rows = asyncio.run(run_turns(url, args.turns))
+        for voice in VOICES:
+            rows += asyncio.run(run_turns(url, voice, sentences))
+        for row in rows:
+            row["reply_heard"] = reply_heard(urls["asr"], row)
+            print(json.dumps(row), flush=True)
     keys = ("speech_stopped_ms", "transcript_final_ms", "voice_to_voice_ms")
+    by_voice = {voice: [r for r in rows if r["voice"] == voice] for voice in VOICES}
     result = {
         "benchmark": "voice_to_voice",
-        "profile": "lite (pocketsphinx + espeak-ng + silero VAD, echo agent)",
+        "profile": "lite (faster-whisper tiny.en int8 + Piper joe + Silero VAD, echo agent)",
         "settings": {
             "vad_min_silence_ms": 600,
             "output_lead_ms": 200,
             "partial_interval_ms": int(os.environ.get("VA_GATEWAY__PARTIAL_INTERVAL_MS", "600")),
         },
         "summary": {
-            key: summary([float(r[key]) for r in rows if r[key] is not None]) for key in keys
+            **{key: summary([float(r[key]) for r in rows if r[key] is not None]) for key in keys},
+            "transcript_wer": error_rate(rows, "sentence", "transcript"),
+            "transcript_wer_by_voice": {
+                voice: error_rate(found, "sentence", "transcript")
+                for voice, found in by_voice.items()
+            },
+            "reply_words_recovered": recovered(rows),
         },
         "turns": rows,
     }
