@@ -49,10 +49,20 @@ GATEWAY_NON_FATAL: list[tuple[str, str | bytes, str]] = [
     ("text-missing", '{"type": "conversation.text"}', "invalid_message"),
     ("text-not-string", '{"type": "conversation.text", "text": 5}', "invalid_message"),
     ("text-empty", '{"type": "conversation.text", "text": ""}', "invalid_message"),
+    ("text-blank", '{"type": "conversation.text", "text": " \\n\\t "}', "invalid_message"),
+    ("create-empty", '{"type": "response.create", "text": ""}', "invalid_message"),
+    ("create-blank", '{"type": "response.create", "text": "   "}', "invalid_message"),
+    ("deep-json", "[" * 100_000, "invalid_message"),
     ("session-not-object", '{"type": "session.update", "session": "fast"}', "invalid_message"),
     (
         "unknown-agent",
         '{"type": "session.update", "session": {"agent": "nope"}}',
+        "invalid_message",
+    ),
+    ("blank-voice", '{"type": "session.update", "session": {"voice": "  "}}', "invalid_message"),
+    (
+        "empty-language",
+        '{"type": "session.update", "session": {"language": ""}}',
         "invalid_message",
     ),
     ("odd-pcm", bytes(321), "invalid_audio"),
@@ -244,7 +254,12 @@ async def test_asr_bad_query(lite_stack: Stack, query: str, code: str) -> None:
 
 ASR_NON_FATAL: list[tuple[str, str | bytes, str]] = [
     ("junk-json", "{not json", "invalid_message"),
+    ("brace-brace", "{{", "invalid_message"),
+    ("empty-text", "", "invalid_message"),
+    ("json-null", "null", "invalid_message"),
     ("json-array", "[]", "invalid_message"),
+    ("type-not-string", '{"type": 1}', "invalid_message"),
+    ("deep-json", "[" * 100_000, "invalid_message"),
     ("unknown-type", '{"type": "speak", "text": "hi"}', "invalid_message"),
     ("odd-pcm", bytes(321), "invalid_audio"),
 ]
@@ -302,6 +317,17 @@ TTS_NON_FATAL: list[tuple[str, str | bytes, str, str | None]] = [
     ("unknown-type", '{"type": "commit"}', "invalid_message", None),
     ("speak-no-id", '{"type": "speak", "text": "hi"}', "invalid_message", None),
     ("speak-no-text", '{"type": "speak", "id": "r1"}', "invalid_message", "r1"),
+    ("speak-empty-text", '{"type": "speak", "id": "e", "text": ""}', "invalid_message", "e"),
+    ("speak-blank-text", '{"type": "speak", "id": "e2", "text": " \\n "}', "invalid_message", "e2"),
+    (
+        "speak-long-id",
+        json.dumps({"type": "speak", "id": "x" * 129, "text": "hi"}),
+        "invalid_message",
+        None,
+    ),
+    ("cancel-empty-id", '{"type": "cancel", "id": ""}', "invalid_message", None),
+    ("cancel-long-id", json.dumps({"type": "cancel", "id": "x" * 129}), "invalid_message", None),
+    ("deep-json", "[" * 100_000, "invalid_message", None),
     (
         "unknown-voice",
         '{"type": "speak", "id": "r2", "text": "hi", "voice": "no-such-voice"}',
@@ -467,6 +493,7 @@ def test_rest_transcription_still_works(asr_http: httpx.Client) -> None:
     ("body", "needle"),
     [
         ({"model": "tts-1", "voice": "alloy", "input": ""}, "input"),
+        ({"model": "tts-1", "voice": "alloy", "input": " \n\t "}, "input"),
         ({"model": "tts-1", "voice": "alloy"}, "input"),
         ({"model": "tts-1", "voice": "no-such-voice", "input": "hi"}, "no-such-voice"),
         ({"model": "tts-1", "voice": "alloy", "input": "hi", "response_format": "ogg"}, "ogg"),
@@ -474,7 +501,16 @@ def test_rest_transcription_still_works(asr_http: httpx.Client) -> None:
         ({"model": "tts-1", "voice": "alloy", "input": "a" * 5000}, "4096"),
         ({"model": "tts-1", "voice": "alloy", "input": "hi", "sample_rate": 1}, "sample_rate"),
     ],
-    ids=["empty-input", "no-input", "unknown-voice", "bad-format", "bad-speed", "too-long", "rate"],
+    ids=[
+        "empty-input",
+        "blank-input",
+        "no-input",
+        "unknown-voice",
+        "bad-format",
+        "bad-speed",
+        "too-long",
+        "rate",
+    ],
 )
 def test_rest_speech_bad_body(tts_http: httpx.Client, body: Json, needle: str) -> None:
     message = _error(tts_http.post("/v1/audio/speech", json=body), 400, "invalid_message")
