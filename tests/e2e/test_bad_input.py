@@ -518,7 +518,9 @@ def test_rest_speech_bad_body(tts_http: httpx.Client, body: Json, needle: str) -
 
 
 @pytest.mark.parametrize(
-    "content", [b"{not json", b"[1, 2]", b"", b"null"], ids=["junk", "array", "empty", "null"]
+    "content",
+    [b"{not json", b"[1, 2]", b"", b"null", b"[" * 100_000],
+    ids=["junk", "array", "empty", "null", "deep"],
 )
 def test_rest_speech_bad_json(tts_http: httpx.Client, content: bytes) -> None:
     response = tts_http.post(
@@ -531,3 +533,75 @@ def test_rest_speech_still_works(tts_http: httpx.Client) -> None:
     body = {"model": "tts-1", "voice": "alloy", "input": "ok", "response_format": "wav"}
     response = tts_http.post("/v1/audio/speech", json=body)
     assert response.status_code == 200 and response.content[:4] == b"RIFF"
+
+
+@pytest.mark.parametrize(
+    ("form", "needle"),
+    [
+        ({}, "name"),
+        ({"name": " \n "}, "name"),
+        ({"name": "x" * 65}, "name"),
+        ({"name": "Ada", "espeak_voice": "not a voice!"}, "espeak_voice"),
+    ],
+    ids=["no-name", "blank-name", "long-name", "bad-stand-in"],
+)
+def test_rest_voice_upload_bad_form(
+    tts_http: httpx.Client, form: dict[str, str], needle: str
+) -> None:
+    clip = encode_audio(_speech_16k(), 16000, "wav")
+    files = {"file": ("clip.wav", clip, "audio/wav")}
+    assert needle in _error(
+        tts_http.post("/v1/voices", files=files, data=form), 400, "invalid_message"
+    )
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"", b"RIFF\x24\x00\x00\x00WAVEfmt ", b"text, not audio\n" * 50],
+    ids=["empty", "wav-header", "text"],
+)
+def test_rest_voice_upload_not_audio(tts_http: httpx.Client, data: bytes) -> None:
+    files = {"file": ("clip.wav", data, "audio/wav")}
+    _error(tts_http.post("/v1/voices", files=files, data={"name": "Ada"}), 400, "invalid_audio")
+
+
+def test_rest_voice_upload_without_file(tts_http: httpx.Client) -> None:
+    assert "file" in _error(
+        tts_http.post("/v1/voices", data={"name": "Ada"}), 400, "invalid_message"
+    )
+    assert "file" in _error(
+        tts_http.post("/v1/voices", json={"name": "Ada"}), 400, "invalid_message"
+    )
+
+
+@pytest.mark.parametrize("voice_id", ["v_0000000000000000", "default", "nope", "%20"])
+def test_rest_delete_unknown_voice_is_a_json_404(tts_http: httpx.Client, voice_id: str) -> None:
+    _error(tts_http.delete(f"/v1/voices/{voice_id}"), 404, "invalid_message")
+
+
+@pytest.mark.parametrize("service", ["asr", "tts", "gateway"])
+@pytest.mark.parametrize("window", ["abc", "nan", "inf", "-inf", "0", "-1", "601", ""])
+def test_rest_health_bad_window(lite_stack: Stack, service: str, window: str) -> None:
+    response = httpx.get(f"{lite_stack.servers[service].http}/health?window_s={window}")
+    assert "window_s" in _error(response, 400, "invalid_message")
+
+
+@pytest.mark.parametrize(
+    ("service", "method", "path", "status"),
+    [
+        ("asr", "GET", "/v1/audio/transcriptions", 405),
+        ("asr", "GET", "/v1/audio/translations", 404),
+        ("tts", "GET", "/v1/audio/speech", 405),
+        ("tts", "DELETE", "/v1/voices", 405),
+        ("tts", "PUT", "/v1/voices/v_0000000000000000", 405),
+        ("gateway", "GET", "/v1/nothing-here", 404),
+        ("gateway", "POST", "/health", 405),
+    ],
+)
+def test_rest_unknown_route_or_method_is_a_json_error(
+    lite_stack: Stack, service: str, method: str, path: str, status: int
+) -> None:
+    response = httpx.request(method, lite_stack.servers[service].http + path)
+    _error(response, status, "invalid_message")
+    if status == 405:
+        assert response.headers["allow"]
