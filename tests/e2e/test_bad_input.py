@@ -469,6 +469,32 @@ def test_rest_transcription_bad_response_format(asr_http: httpx.Client) -> None:
     assert "docx" in message
 
 
+@pytest.mark.parametrize(
+    ("form", "needle"),
+    [
+        ({"temperature": "warm"}, "temperature"),
+        ({"temperature": "nan"}, "temperature"),
+        ({"temperature": "inf"}, "temperature"),
+        ({"temperature": "1.5"}, "temperature"),
+        ({"temperature": "-0.1"}, "temperature"),
+        ({"language": "x" * 17}, "language"),
+    ],
+    ids=[
+        "temperature-text",
+        "temperature-nan",
+        "temperature-inf",
+        "temperature-high",
+        "temperature-low",
+        "long-language",
+    ],
+)
+def test_rest_transcription_bad_form(
+    asr_http: httpx.Client, form: dict[str, str], needle: str
+) -> None:
+    wav = encode_audio(_speech_16k()[:1600], 16000, "wav")
+    assert needle in _error(_transcribe(asr_http, wav, **form), 400, "invalid_message")
+
+
 def test_rest_transcription_missing_file(asr_http: httpx.Client) -> None:
     response = asr_http.post("/v1/audio/transcriptions", data={"model": "whisper-1"})
     assert "file" in _error(response, 400, "invalid_message")
