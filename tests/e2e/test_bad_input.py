@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from functools import cache
 
 import httpx
 import numpy as np
-import numpy.typing as npt
 import pytest
 from websockets.asyncio.client import ClientConnection
 
@@ -24,15 +22,12 @@ SENTENCE = "what is the weather like in paris today"
 HARD_CAP = 1 << 20  # the servers' ws_max_frame_bytes in tests/servers.py
 
 
-@cache
-def _speech_16k() -> npt.NDArray[np.float32]:
-    return speak(SENTENCE, 16000)
-
-
-@cache
-def _spoken_pcm() -> bytes:
-    """The sentence as PCM16 at 16 kHz, after 300 ms of silence."""
-    return to_pcm16(np.concatenate([np.zeros(4800, np.float32), _speech_16k()]))
+SPEECH_16K = speak(SENTENCE, 16000)
+"""Made at import, before any test runs: espeak-ng's klatt voice carries state from one
+synthesis to the next in a process, so speech made on first use would depend on how much
+the in-process TTS service had spoken before, and pocketsphinx's transcript with it."""
+SPOKEN_PCM = to_pcm16(np.concatenate([np.zeros(4800, np.float32), SPEECH_16K]))
+"""The sentence as PCM16 at 16 kHz, after 300 ms of silence."""
 
 
 # ---------------------------------------------------------------- gateway /v1/stream
@@ -123,7 +118,7 @@ async def test_gateway_many_errors_in_a_row_then_a_spoken_turn(lite_stack: Stack
             await ws.send(frame)
         codes = [(await recv_json(ws))["code"] for _ in GATEWAY_NON_FATAL]
         assert codes == [c[2] for c in GATEWAY_NON_FATAL]
-        pcm = _spoken_pcm()
+        pcm = SPOKEN_PCM
         for offset in range(0, len(pcm), 640):
             await ws.send(pcm[offset : offset + 640])
         await send_json(ws, {"type": "input_audio.commit"})
@@ -223,7 +218,7 @@ def _asr_url(stack: Stack, query: str = "") -> str:
 
 async def _assert_transcribes(ws: ClientConnection) -> None:
     """Speech then `commit` yields a final with the words, on this connection."""
-    pcm = _spoken_pcm()
+    pcm = SPOKEN_PCM
     for offset in range(0, len(pcm), 16000):
         await ws.send(pcm[offset : offset + 16000])
     await send_json(ws, {"type": "commit"})
@@ -464,7 +459,7 @@ def test_rest_transcription_not_audio(asr_http: httpx.Client, data: bytes) -> No
 
 
 def test_rest_transcription_bad_response_format(asr_http: httpx.Client) -> None:
-    wav = encode_audio(_speech_16k()[:1600], 16000, "wav")
+    wav = encode_audio(SPEECH_16K[:1600], 16000, "wav")
     message = _error(_transcribe(asr_http, wav, response_format="docx"), 400, "invalid_message")
     assert "docx" in message
 
@@ -491,7 +486,7 @@ def test_rest_transcription_bad_response_format(asr_http: httpx.Client) -> None:
 def test_rest_transcription_bad_form(
     asr_http: httpx.Client, form: dict[str, str], needle: str
 ) -> None:
-    wav = encode_audio(_speech_16k()[:1600], 16000, "wav")
+    wav = encode_audio(SPEECH_16K[:1600], 16000, "wav")
     assert needle in _error(_transcribe(asr_http, wav, **form), 400, "invalid_message")
 
 
@@ -509,7 +504,7 @@ def test_rest_transcription_over_limit(asr_http: httpx.Client) -> None:
 
 
 def test_rest_transcription_still_works(asr_http: httpx.Client) -> None:
-    wav = encode_audio(_speech_16k(), 16000, "wav")
+    wav = encode_audio(SPEECH_16K, 16000, "wav")
     response = _transcribe(asr_http, wav)
     assert response.status_code == 200
     assert recall(SENTENCE, response.json()["text"]) >= 0.6
@@ -574,7 +569,7 @@ def test_rest_speech_still_works(tts_http: httpx.Client) -> None:
 def test_rest_voice_upload_bad_form(
     tts_http: httpx.Client, form: dict[str, str], needle: str
 ) -> None:
-    clip = encode_audio(_speech_16k(), 16000, "wav")
+    clip = encode_audio(SPEECH_16K, 16000, "wav")
     files = {"file": ("clip.wav", clip, "audio/wav")}
     assert needle in _error(
         tts_http.post("/v1/voices", files=files, data=form), 400, "invalid_message"
