@@ -61,6 +61,7 @@ GATEWAY_NON_FATAL: list[tuple[str, str | bytes, str]] = [
         "invalid_message",
     ),
     ("odd-pcm", bytes(321), "invalid_audio"),
+    ("empty-pcm", b"", "invalid_audio"),
     (
         "input-rate",
         '{"type": "session.update", "session": {"input_sample_rate": 44100}}',
@@ -257,6 +258,7 @@ ASR_NON_FATAL: list[tuple[str, str | bytes, str]] = [
     ("deep-json", "[" * 100_000, "invalid_message"),
     ("unknown-type", '{"type": "speak", "text": "hi"}', "invalid_message"),
     ("odd-pcm", bytes(321), "invalid_audio"),
+    ("empty-pcm", b"", "invalid_audio"),
 ]
 
 
