@@ -276,6 +276,52 @@ async def test_asr_bad_frame_costs_an_error_not_the_stream(
         await _assert_transcribes(ws)
 
 
+@pytest.mark.parametrize("query", ["?language=", "?language=en&partials=false", "?partials=0"])
+async def test_asr_harmless_query(lite_stack: Stack, query: str) -> None:
+    """An empty `language` is no language (as on the REST door), not an engine's puzzle."""
+    async with connect(_asr_url(lite_stack, query)) as ws:
+        assert await recv_json(ws) == {"type": "ready", "sample_rate": 16000}
+        await _assert_transcribes(ws)
+
+
+def _assert_empty_final(event: Json) -> None:
+    assert event["type"] == "transcript.final" and event["text"] == "", event
+    assert event["segment_id"].startswith("seg_") and event["start_ms"] == event["end_ms"]
+
+
+@pytest.mark.parametrize("silence_ms", [0, 500])
+async def test_asr_commit_with_nothing_heard_gets_an_empty_final(
+    lite_stack: Stack, silence_ms: int
+) -> None:
+    """A client that commits and waits for its final never waits forever."""
+    async with connect(_asr_url(lite_stack)) as ws:
+        assert (await recv_json(ws))["type"] == "ready"
+        if silence_ms:
+            await ws.send(bytes(32 * silence_ms))
+        await send_json(ws, {"type": "commit"})
+        final = await recv_json(ws)
+        _assert_empty_final(final)
+        assert final["end_ms"] == silence_ms
+        await _assert_transcribes(ws)
+
+
+async def test_asr_commit_after_the_vad_ended_the_segment_comes_after_its_final(
+    lite_stack: Stack,
+) -> None:
+    """Push-to-talk released after a pause: the VAD already ended the segment; the commit's
+    empty final follows the segment's own (finals go out in segment order)."""
+    async with connect(_asr_url(lite_stack)) as ws:
+        assert (await recv_json(ws))["type"] == "ready"
+        for offset in range(0, len(SPOKEN_PCM), 16000):
+            await ws.send(SPOKEN_PCM[offset : offset + 16000])
+        await ws.send(bytes(32 * 900))  # the VAD ends the segment in this frame's silence
+        await send_json(ws, {"type": "commit"})  # while its final is being transcribed
+        first, before, _ = await recv_until(ws, "transcript.final", timeout_s=20)
+        assert not [e for e in before if e["type"] == "error"], before
+        assert recall(SENTENCE, first["text"]) >= 0.6, first
+        _assert_empty_final(await recv_json(ws, timeout_s=20))
+
+
 @pytest.mark.parametrize(
     ("query", "size"), [("", 32002), ("?sample_rate=8000", 16002), ("", HARD_CAP + 2)]
 )
