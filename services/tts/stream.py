@@ -63,7 +63,7 @@ class TtsStream:
                 elif self.requests.full():
                     raise CapacityError(f"more than {MAX_QUEUED} requests queued")
                 else:
-                    self.synthesizer.resolve_voice(message.voice)  # fail early, by id
+                    await self.synthesizer.check_voice(message.voice)  # fail early, by id
                     self.requests.put_nowait(message)
                     self.pending[message.id] += 1
             except VoiceAgentError as exc:  # one request refused; the connection goes on

@@ -378,6 +378,12 @@ TTS_NON_FATAL: list[tuple[str, str | bytes, str, str | None]] = [
         "r2",
     ),
     (
+        "unknown-library-voice",
+        '{"type": "speak", "id": "r5", "text": "hi", "voice": "v_0000000000000000"}',
+        "invalid_message",
+        "r5",
+    ),
+    (
         "bad-rate",
         '{"type": "speak", "id": "r3", "text": "hi", "sample_rate": 44100}',
         "unsupported_sample_rate",
