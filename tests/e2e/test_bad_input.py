@@ -15,7 +15,16 @@ from websockets.asyncio.client import ClientConnection
 
 from services.common.audio import encode_audio
 from tests.conftest import Stack
-from tests.e2e.wire import Json, connect, read_to_close, recall, recv_json, recv_until, send_json
+from tests.e2e.wire import (
+    Json,
+    connect,
+    pipelined,
+    read_to_close,
+    recall,
+    recv_json,
+    recv_until,
+    send_json,
+)
 from tests.speech import speak, to_pcm16
 
 SENTENCE = "what is the weather like in paris today"
@@ -208,6 +217,24 @@ async def test_gateway_text_over_hard_cap_closes_1009(lite_stack: Stack) -> None
         await ws.send(text)
         _, code = await read_to_close(ws)
     assert code == 1009
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="uvicorn drops the bytes sent with the upgrade request until "
+    "services/common/serve.py's uvicorn_config passes http=KeepUpgradeTail",
+)
+@pytest.mark.parametrize(
+    ("server", "path"),
+    [("gateway", "/v1/stream"), ("asr", "/v1/stream/asr"), ("tts", "/v1/stream/tts")],
+)
+def test_bad_first_message_sent_with_the_handshake(
+    lite_stack: Stack, server: str, path: str
+) -> None:
+    """A client that does not wait for the 101 still gets its error, not silence."""
+    received = pipelined(lite_stack.servers[server].port, path, b"{{", until=b"invalid_message")
+    assert received.startswith(b"HTTP/1.1 101 ")
+    assert b'"code":"invalid_message"' in received
 
 
 # ---------------------------------------------------------------- ASR /v1/stream/asr
