@@ -98,7 +98,7 @@ def create_app(settings: AsrSettings, engine: AsrEngine | None = None) -> FastAP
             settings.vad,
             section.server.ws_max_frame_bytes,
             sample_rate,
-            language,
+            language or None,  # `language=` (empty) is no language, as on the REST door
             partials,
         )
 

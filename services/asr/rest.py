@@ -78,10 +78,10 @@ def router(batcher: Batcher, max_upload_bytes: int) -> APIRouter:
         request: Request,
         file: Annotated[UploadFile, File()],
         model: Annotated[str, Form()] = "whisper-1",
-        language: Annotated[str | None, Form()] = None,
+        language: Annotated[str | None, Form(max_length=16)] = None,
         prompt: Annotated[str | None, Form()] = None,
         response_format: Annotated[str, Form()] = "json",
-        temperature: Annotated[float, Form()] = 0.0,
+        temperature: Annotated[float, Form(ge=0.0, le=1.0)] = 0.0,
     ) -> Response:
         started = time.perf_counter()
         if response_format not in ("json", "text", "verbose_json", "srt", "vtt"):

@@ -47,6 +47,8 @@ class AsrStream:
         self.segment_id = ""
         self._partial_task: asyncio.Task[None] | None = None
         self._last_partial_ms = 0
+        self._last_final: asyncio.Task[None] | None = None
+        """The latest segment's final: each final goes out after the one before it."""
 
     async def serve(self, tasks: asyncio.TaskGroup) -> None:
         await self.channel.send(AsrReady(sample_rate=self.listener.input_rate))
@@ -61,7 +63,7 @@ class AsrStream:
                 if isinstance(message, AsrClose):
                     self._on_end(self.listener.commit(), tasks)
                     return
-                self._on_end(self.listener.commit(), tasks)
+                self._commit(tasks)
             except VoiceAgentError as exc:
                 if exc.fatal:
                     raise
@@ -70,7 +72,7 @@ class AsrStream:
     def _on_events(self, events: list[SpeechStart | SpeechEnd], tasks: asyncio.TaskGroup) -> None:
         for event in events:
             if isinstance(event, SpeechStart):
-                self.segment_id = f"seg_{uuid.uuid4().hex[:12]}"
+                self.segment_id = _new_segment_id()
                 self._last_partial_ms = event.start_ms
                 tasks.create_task(
                     self.channel.send(
@@ -80,27 +82,44 @@ class AsrStream:
             else:
                 self._on_end(event, tasks)
 
+    def _commit(self, tasks: asyncio.TaskGroup) -> None:
+        """Finalize the open segment; with none, answer with an empty final all the same
+        (after the finals still on their way), so a client waiting for one never waits."""
+        end = self.listener.commit()
+        if end is not None:
+            self._on_end(end, tasks)
+            return
+        now = self.listener.segmenter.position_ms
+        empty = SegmentFinal(segment_id=_new_segment_id(), text="", start_ms=now, end_ms=now)
+        self._last_final = tasks.create_task(self._send_after(self._last_final, empty))
+
     def _on_end(self, end: SpeechEnd | None, tasks: asyncio.TaskGroup) -> None:
         if end is None:
             return
-        segment_id = self.segment_id or f"seg_{uuid.uuid4().hex[:12]}"
+        segment_id = self.segment_id or _new_segment_id()
         self.segment_id = ""
-        tasks.create_task(self._final(segment_id, end), name=f"final-{segment_id}")
+        final = self._final(segment_id, end, self._last_final)
+        self._last_final = tasks.create_task(final, name=f"final-{segment_id}")
 
-    async def _final(self, segment_id: str, end: SpeechEnd) -> None:
+    async def _final(
+        self, segment_id: str, end: SpeechEnd, before: asyncio.Task[None] | None
+    ) -> None:
         try:
             transcript = await self.batcher.transcribe(AsrInput(end.audio, self.language))
         except VoiceAgentError as exc:  # this segment is lost; the stream goes on
+            if before is not None:
+                await before
             await self.channel.send_error(exc, segment_id, fatal=False)
             return
-        await self.channel.send(
-            SegmentFinal(
-                segment_id=segment_id,
-                text=transcript.text,
-                start_ms=end.start_ms,
-                end_ms=end.end_ms,
-            )
+        final = SegmentFinal(
+            segment_id=segment_id, text=transcript.text, start_ms=end.start_ms, end_ms=end.end_ms
         )
+        await self._send_after(before, final)
+
+    async def _send_after(self, before: asyncio.Task[None] | None, event: SegmentFinal) -> None:
+        if before is not None:
+            await before
+        await self.channel.send(event)
 
     def _maybe_partial(self, tasks: asyncio.TaskGroup) -> None:
         if not (self.partials and self.segment_id):
@@ -121,6 +140,10 @@ class AsrStream:
             return  # partials are droppable
         if segment_id == self.segment_id and transcript.text:
             await self.channel.send(SegmentPartial(segment_id=segment_id, text=transcript.text))
+
+
+def _new_segment_id() -> str:
+    return f"seg_{uuid.uuid4().hex[:12]}"
 
 
 async def serve_asr_stream(

@@ -138,10 +138,12 @@ def encode_audio(audio: AudioF32, rate: int, response_format: str) -> bytes:
     buf = io.BytesIO()
     with av.open(buf, mode="w", format=container_fmt) as container:
         stream: Any = container.add_stream(codec, rate=out_rate, layout="mono")
-        frame = av.AudioFrame.from_ndarray(pcm, format="s16", layout="mono")
-        frame.sample_rate = out_rate
-        for packet in stream.encode(frame):
-            container.mux(packet)
+        container.start_encoding()  # the header even with no samples: a valid empty file
+        if pcm.size:
+            frame = av.AudioFrame.from_ndarray(pcm, format="s16", layout="mono")
+            frame.sample_rate = out_rate
+            for packet in stream.encode(frame):
+                container.mux(packet)
         for packet in stream.encode(None):
             container.mux(packet)
     return buf.getvalue()

@@ -9,11 +9,21 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from services.common.errors import InvalidMessage, UnsupportedSampleRate
 
 SampleRate = Literal[8000, 16000, 24000, 48000]
+
+
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be empty or only whitespace")
+    return value
+
+
+NOT_BLANK = AfterValidator(_not_blank)
+"""Text that must say something: `Annotated[str, Field(max_length=N), NOT_BLANK]`."""
 
 
 class Event(BaseModel):
@@ -60,9 +70,9 @@ class SessionPatch(BaseModel):
 
     input_sample_rate: SampleRate | None = None
     output_sample_rate: SampleRate | None = None
-    voice: str | None = Field(default=None, min_length=1, max_length=128)
-    language: str | None = Field(default=None, max_length=16)
-    agent: str | None = Field(default=None, min_length=1, max_length=64)
+    voice: Annotated[str, Field(max_length=128), NOT_BLANK] | None = None
+    language: Annotated[str, Field(max_length=16), NOT_BLANK] | None = None
+    agent: Annotated[str, Field(max_length=64), NOT_BLANK] | None = None
     instructions: str | None = Field(default=None, max_length=16_384)
     tts: TtsStyle | None = None
 
@@ -85,12 +95,12 @@ class InputAudioClear(Event):
 
 class ConversationText(Event):
     type: Literal["conversation.text"]
-    text: str = Field(min_length=1, max_length=8192)
+    text: Annotated[str, Field(max_length=8192), NOT_BLANK]
 
 
 class ResponseCreate(Event):
     type: Literal["response.create"]
-    text: str | None = Field(default=None, max_length=8192)
+    text: Annotated[str, Field(max_length=8192), NOT_BLANK] | None = None
 
 
 class ResponseCancel(Event):
@@ -230,11 +240,14 @@ class SegmentFinal(Event):
 
 # ---------------------------------------------------------------- TTS stream
 
+RequestId = Annotated[str, Field(min_length=1, max_length=128)]
+"""The client's name for one `speak` request; `cancel` and the server's events carry it."""
+
 
 class Speak(Event):
     type: Literal["speak"]
-    id: str = Field(min_length=1, max_length=128)
-    text: str = Field(max_length=100_000)
+    id: RequestId
+    text: Annotated[str, Field(max_length=100_000), NOT_BLANK]
     voice: str | None = Field(default=None, max_length=128)
     sample_rate: SampleRate | None = None
     speed: float = Field(default=1.0, ge=0.25, le=4.0)
@@ -245,7 +258,7 @@ class Speak(Event):
 
 class CancelSpeak(Event):
     type: Literal["cancel"]
-    id: str
+    id: RequestId
 
 
 TtsClientEvent = Annotated[Speak | CancelSpeak, Field(discriminator="type")]
@@ -283,6 +296,8 @@ def parse(adapter: TypeAdapter[T], text: str) -> T:
         raw: Any = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InvalidMessage(f"not valid JSON: {exc.msg}") from exc
+    except RecursionError as exc:
+        raise InvalidMessage("not valid JSON: nested too deeply") from exc
     if not isinstance(raw, dict) or not isinstance(raw.get("type"), str):
         raise InvalidMessage("a message must be a JSON object with a string `type`")
     try:

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from services.common.audio import AudioF32, StreamResampler, check_sample_rate, pcm16_to_float
-from services.common.errors import FrameTooBig
+from services.common.errors import FrameTooBig, InvalidAudio
 from services.common.turns import SpeechEnd, TurnEvent, TurnSegmenter
 from services.common.vad import SileroVad, VadSettings, VadStream
 
@@ -119,7 +119,7 @@ class Listener:
         return 2 * self.input_rate
 
     def push(self, pcm: bytes) -> list[TurnEvent]:
-        """Hear one frame. InvalidAudio for odd lengths; FrameTooBig above one second."""
+        """Hear one frame. InvalidAudio for empty or odd lengths; FrameTooBig above one second."""
         return self.hear(self._to_vad_rate(pcm))
 
     async def push_batched(self, pcm: bytes) -> list[TurnEvent]:
@@ -130,6 +130,8 @@ class Listener:
         return await self.batcher.hear(self, samples)
 
     def _to_vad_rate(self, pcm: bytes) -> AudioF32:
+        if not pcm:
+            raise InvalidAudio("an audio frame must hold at least one sample; this one is empty")
         if len(pcm) > self.max_frame_bytes():
             raise FrameTooBig(
                 f"audio frame of {len(pcm)} bytes is longer than 1 s at {self.input_rate} Hz"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +14,7 @@ from fastapi import FastAPI, Query, Request, WebSocket
 from fastapi.exceptions import RequestValidationError, WebSocketRequestValidationError
 from fastapi.responses import JSONResponse, Response
 from redis.asyncio import Redis
+from starlette.exceptions import HTTPException
 
 from services.common import metrics
 from services.common.errors import (
@@ -142,6 +143,18 @@ def _first_problem(errors: Sequence[Any]) -> tuple[str, str]:
     return ".".join(str(p) for p in first.get("loc", ())[1:]), str(first.get("msg"))
 
 
+def http_exception_error(exc: HTTPException) -> VoiceAgentError:
+    """Starlette's own refusals (unknown route 404, wrong method 405, unreadable body 400)
+    as typed errors, so every HTTP error has the same JSON shape."""
+    error = (
+        InvalidMessage(str(exc.detail))
+        if exc.status_code < 500
+        else VoiceAgentError(str(exc.detail))
+    )
+    error.http_status = exc.status_code
+    return error
+
+
 def query_error(errors: Sequence[Any]) -> VoiceAgentError:
     """A WebSocket query that failed validation, as the fatal typed error it is (close 1008)."""
     where, what = _first_problem(errors)
@@ -190,23 +203,32 @@ def install_ops(app: FastAPI, state: ServiceState) -> None:
         body, content_type = metrics.render()
         return Response(body, media_type=content_type)
 
+    def reply(exc: VoiceAgentError, headers: Mapping[str, str] | None = None) -> JSONResponse:
+        metrics.ERRORS.labels(state.service, exc.code).inc()
+        return JSONResponse(error_body(exc), exc.http_status, headers=headers)
+
     @app.exception_handler(VoiceAgentError)
     async def domain_error(_: Request, exc: VoiceAgentError) -> JSONResponse:
-        metrics.ERRORS.labels(state.service, exc.code).inc()
         headers = (
             {"Retry-After": str(max(1, round(exc.retry_after_s)))}
             if isinstance(exc, CapacityError)
             else None
         )
-        return JSONResponse(error_body(exc), exc.http_status, headers=headers)
+        return reply(exc, headers)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        metrics.ERRORS.labels(state.service, "invalid_message").inc()
         where, what = _first_problem(exc.errors())
-        message = f"{where}: {what}" if where else what
-        body = {"error": {"message": message, "type": "invalid_message", "code": "invalid_message"}}
-        return JSONResponse(body, 400)
+        return reply(InvalidMessage(f"{where}: {what}" if where else what))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+        return reply(http_exception_error(exc), exc.headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(_: Request, exc: Exception) -> JSONResponse:
+        # The server still logs the traceback; the client gets the JSON shape, no details.
+        return reply(VoiceAgentError(f"internal error ({type(exc).__name__})"))
 
     @app.exception_handler(WebSocketRequestValidationError)
     async def ws_validation_error(ws: WebSocket, exc: WebSocketRequestValidationError) -> None:

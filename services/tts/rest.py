@@ -12,7 +12,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 from fastapi import APIRouter
@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from services.common import metrics
 from services.common.audio import encode_audio, float_to_pcm16, media_type, supported_encodings
 from services.common.errors import InvalidMessage
+from services.common.events import NOT_BLANK
 from services.tts.engines.base import SpeechRequest
 from services.tts.synthesizer import Synthesizer
 
@@ -35,7 +36,7 @@ class SpeechBody(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str = "tts-1"
-    input: str = Field(min_length=1)
+    input: Annotated[str, NOT_BLANK]
     voice: str | dict[str, Any] = "default"
     """An engine voice, `default`, or an OpenAI voice name (mapped to the default voice)."""
     response_format: str = "mp3"

@@ -63,7 +63,7 @@ class TtsStream:
                 elif self.requests.full():
                     raise CapacityError(f"more than {MAX_QUEUED} requests queued")
                 else:
-                    self.synthesizer.resolve_voice(message.voice)  # fail early, by id
+                    await self.synthesizer.check_voice(message.voice)  # fail early, by id
                     self.requests.put_nowait(message)
                     self.pending[message.id] += 1
             except VoiceAgentError as exc:  # one request refused; the connection goes on
@@ -109,13 +109,14 @@ class TtsStream:
 
 
 def _claimed_id(text: str | None) -> str | None:
-    """The `id` a rejected message carried, so the client can match the error to its request."""
+    """The `id` a rejected message carried, so the client can match the error to its request
+    (None when it carried none the protocol allows: a cut-down id would match nothing)."""
     try:
         raw = json.loads(text or "")
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     claimed = raw.get("id") if isinstance(raw, dict) else None
-    return claimed[:128] if isinstance(claimed, str) and claimed else None
+    return claimed if isinstance(claimed, str) and 1 <= len(claimed) <= 128 else None
 
 
 async def serve_tts_stream(

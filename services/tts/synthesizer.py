@@ -25,7 +25,7 @@ from services.common.audio import AudioF32, StreamResampler, ms_to_samples
 from services.common.errors import CapacityError, UnknownVoice
 from services.tts.engines.base import SpeechRequest, TtsEngine
 from services.tts.metrics import TTS_AUDIO_SECONDS, TTS_FIRST_AUDIO, TTS_RTF
-from services.tts.voices import VoiceLibrary, is_library_id
+from services.tts.voices import VoiceInfo, VoiceLibrary, is_library_id
 
 OPENAI_VOICES: Final = frozenset(
     {
@@ -112,6 +112,13 @@ class Synthesizer:
             "default voice) or one of GET /v1/voices"
         )
 
+    async def check_voice(self, voice: str | None) -> None:
+        """UnknownVoice now for a voice that nothing answers to (a library id included), so
+        a request is refused before any of its audio is announced."""
+        resolved = self.resolve_voice(voice)
+        if self.library is not None and is_library_id(resolved):
+            await self._library_info(self.library, resolved)
+
     async def stream(
         self, request: SpeechRequest, sample_rate: int
     ) -> AsyncGenerator[AudioF32, None]:
@@ -136,15 +143,19 @@ class Synthesizer:
         """The request with a library voice id replaced by the engine voice speaking it."""
         if self.library is None or not is_library_id(request.voice):
             return request
-        info = await self.library.get(request.voice)
-        if info is None:
-            raise UnknownVoice(
-                f"unknown voice {request.voice!r}: it was deleted or never existed; "
-                "see GET /v1/voices"
-            )
+        info = await self._library_info(self.library, request.voice)
         clip = await self.library.local_clip(info)
         voice = self.engine.library_voice(info.speaker(clip))
         return dataclasses.replace(request, voice=voice)
+
+    @staticmethod
+    async def _library_info(library: VoiceLibrary, voice_id: str) -> VoiceInfo:
+        info = await library.get(voice_id)
+        if info is None:
+            raise UnknownVoice(
+                f"unknown voice {voice_id!r}: it was deleted or never existed; see GET /v1/voices"
+            )
+        return info
 
     async def _run(
         self, request: SpeechRequest, sample_rate: int

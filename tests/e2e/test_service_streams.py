@@ -90,14 +90,17 @@ async def test_asr_stream_commit_finalizes_buffered_speech(lite_stack: Stack) ->
         assert [e["type"] for e in before] == ["speech.started"]
         assert final["end_ms"] <= LEAD_MS + speech_ms + 50
         assert final["end_ms"] - final["start_ms"] >= speech_ms - 600
-        # A commit with nothing buffered is a no-op; the stream goes on.
+        # A commit with nothing buffered is answered by an empty final; the stream goes on.
         await send_json(ws, {"type": "commit"})
         await send_json(ws, {"type": "close"})
         rest: list[Json] = []
         async for message in ws:
             if isinstance(message, str):
                 rest.append(json.loads(message))
-    assert rest == []
+    assert [(e["type"], e["text"], e["start_ms"] == e["end_ms"]) for e in rest] == [
+        ("transcript.final", "", True)
+    ]
+    assert rest[0]["segment_id"] != final["segment_id"]
     assert ws.close_code == 1000
 
 

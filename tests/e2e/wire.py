@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
 import json
+import os
 import re
+import socket
 from typing import Any
 
 import av
@@ -101,3 +104,28 @@ async def read_to_close(ws: ClientConnection, timeout_s: float = 10.0) -> tuple[
         except websockets.ConnectionClosed as closed:
             assert closed.rcvd is not None, f"no close frame from the server: {closed}"
             return seen, closed.rcvd.code
+
+
+def pipelined(port: int, path: str, *messages: bytes, until: bytes) -> bytes:
+    """A raw client that sends the upgrade request and masked text frames in one write,
+    without waiting for the 101 (RFC 6455 says to wait; some clients do not); returns what
+    came back, read until `until` arrives or the server is quiet for 2 s."""
+    key = base64.b64encode(os.urandom(16)).decode()
+    request = (
+        f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+        f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    ).encode()
+    frames = b""
+    for payload in messages:  # short frames only: a 7-bit length
+        mask = os.urandom(4)
+        masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+        frames += bytes([0x81, 0x80 | len(payload)]) + mask + masked
+    received = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
+        sock.sendall(request + frames)
+        try:
+            while until not in received and (chunk := sock.recv(4096)):
+                received += chunk
+        except TimeoutError:
+            pass
+    return received

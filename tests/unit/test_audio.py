@@ -65,6 +65,14 @@ def test_encode_then_decode(fmt: str) -> None:
     assert float(np.sqrt(np.mean(y**2))) == pytest.approx(0.5 / np.sqrt(2), rel=0.15)
 
 
+@pytest.mark.parametrize("fmt", ["pcm", "wav", "flac", "mp3", "opus", "aac"])
+def test_no_samples_encode_to_an_empty_file(fmt: str) -> None:
+    """A text that sounds like nothing is an empty reply, not a failed encoder."""
+    data = audio.encode_audio(np.zeros(0, np.float32), 24000, fmt)
+    magic = {"wav": b"RIFF", "flac": b"fLaC", "mp3": b"ID3", "opus": b"OggS"}.get(fmt, b"")
+    assert data.startswith(magic) and (data == b"") == (magic == b"")
+
+
 def test_pcm_encoding_is_raw() -> None:
     x = tone(16000, 0.1)
     assert audio.encode_audio(x, 16000, "pcm") == audio.float_to_pcm16(x)

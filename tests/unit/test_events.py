@@ -49,6 +49,12 @@ def test_unknown_fields_are_ignored() -> None:
         ('{"type":"nope"}', "unknown message type 'nope'"),
         ('{"type":"conversation.text"}', "text"),
         ('{"type":"conversation.text","text":""}', "text"),
+        ('{"type":"conversation.text","text":" \\n\\t "}', "text: .*only whitespace"),
+        ('{"type":"response.create","text":""}', "text: .*only whitespace"),
+        ('{"type":"session.update","session":{"voice":" "}}', "session.voice"),
+        ('{"type":"session.update","session":{"language":""}}', "session.language"),
+        ("[" * 100_000, "nested too deeply"),
+        ('{"type":"conversation.text","text":"hi","x":' + "[" * 100_000 + "}", "too deeply"),
     ],
 )
 def test_malformed_messages_are_invalid_message(text: str, match: str) -> None:
@@ -69,6 +75,21 @@ def test_asr_and_tts_stream_messages() -> None:
         parse(TTS_CLIENT_EVENTS, '{"type":"speak","id":"a","text":"hi","sample_rate":44100}')
     with pytest.raises(InvalidMessage):
         parse(TTS_CLIENT_EVENTS, '{"type":"speak","text":"hi"}')
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"type":"speak","id":"a","text":""}',
+        '{"type":"speak","id":"a","text":"  \\n"}',
+        '{"type":"cancel","id":""}',
+        '{"type":"cancel","id":"' + "x" * 129 + '"}',
+    ],
+    ids=["empty-text", "blank-text", "cancel-empty-id", "cancel-long-id"],
+)
+def test_tts_messages_that_say_nothing_are_invalid(text: str) -> None:
+    with pytest.raises(InvalidMessage):
+        parse(TTS_CLIENT_EVENTS, text)
 
 
 def test_server_events_serialize_per_contract() -> None:

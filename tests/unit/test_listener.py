@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+import pytest
 
 from services.common.audio import float_to_pcm16
+from services.common.errors import FrameTooBig, InvalidAudio
 from services.common.listener import HearingBatcher, Listener
 from services.common.turns import TurnEvent
 from services.common.vad import WINDOW, SileroVad, VadSettings
@@ -34,6 +36,20 @@ def test_partial_due_only_while_speaking_and_after_the_interval() -> None:
     assert not listener.partial_due(0, 500)
     feed(listener, [0.9] * 2)  # speaking again
     assert listener.partial_due(0, 500)
+
+
+@pytest.mark.parametrize(
+    ("pcm", "error"),
+    [(b"", InvalidAudio), (bytes(3), InvalidAudio), (bytes(32002), FrameTooBig)],
+    ids=["empty", "odd", "over-1s"],
+)
+async def test_frames_the_contract_refuses(pcm: bytes, error: type[Exception]) -> None:
+    listener = Listener(SileroVad(), VadSettings(), 16000)
+    with pytest.raises(error):
+        listener.push(pcm)
+    with pytest.raises(error):
+        await listener.push_batched(pcm)
+    assert listener.push(bytes(2)) == []  # one sample (a stream's short last frame) is heard
 
 
 async def test_batched_hearing_gives_each_listener_what_hearing_alone_gives() -> None:
