@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import uvicorn
 
 from services.common.settings import BaseServiceSettings, ServerSettings
+from services.common.upgrade import KeepUpgradeTail
 
 S = TypeVar("S", bound=BaseServiceSettings)
 
@@ -24,6 +25,7 @@ def uvicorn_config(app: Any, server: ServerSettings, log_level: str) -> uvicorn.
         app,
         host=server.host,
         port=server.port,
+        http=KeepUpgradeTail,  # a client's first frames sent with its handshake are kept
         ws="websockets-sansio",
         ws_max_size=server.ws_max_frame_bytes,
         ws_per_message_deflate=False,

@@ -219,11 +219,6 @@ async def test_gateway_text_over_hard_cap_closes_1009(lite_stack: Stack) -> None
     assert code == 1009
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="uvicorn drops the bytes sent with the upgrade request until "
-    "services/common/serve.py's uvicorn_config passes http=KeepUpgradeTail",
-)
 @pytest.mark.parametrize(
     ("server", "path"),
     [("gateway", "/v1/stream"), ("asr", "/v1/stream/asr"), ("tts", "/v1/stream/tts")],

@@ -24,9 +24,10 @@ async def _echo(ws: WebSocket) -> None:
 @pytest.fixture(params=["uvicorn", "keep-tail"])
 def server(request: pytest.FixtureRequest) -> Iterator[tuple[str, int]]:
     app = Starlette(routes=[WebSocketRoute("/ws", _echo)])
-    thread = ServerThread(app)
-    if request.param == "keep-tail":
-        thread.server.config.http = KeepUpgradeTail
+    thread = ServerThread(app)  # the services' uvicorn config: KeepUpgradeTail
+    assert thread.server.config.http is KeepUpgradeTail
+    if request.param == "uvicorn":
+        thread.server.config.http = "httptools"  # uvicorn's own protocol
     with thread:
         yield request.param, thread.port
 
@@ -42,7 +43,6 @@ def test_a_message_pipelined_with_the_handshake(server: tuple[str, int]) -> None
 def test_plain_http_still_works_with_keep_tail() -> None:
     app = Starlette(routes=[WebSocketRoute("/ws", _echo)])
     thread = ServerThread(app)
-    thread.server.config.http = KeepUpgradeTail
     with thread, socket.create_connection(("127.0.0.1", thread.port), timeout=2) as sock:
         sock.sendall(b"GET /nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         assert sock.recv(4096).startswith(b"HTTP/1.1 404 ")
