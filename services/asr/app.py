@@ -100,6 +100,7 @@ def create_app(settings: AsrSettings, engine: AsrEngine | None = None) -> FastAP
             sample_rate,
             language or None,  # `language=` (empty) is no language, as on the REST door
             partials,
+            section.speculative_finals,
         )
 
     app.state.batcher = batcher

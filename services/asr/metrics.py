@@ -25,6 +25,12 @@ ASR_PREEMPTED = Counter(
     "va_asr_partials_preempted_total",
     "Partial transcripts interrupted so a final could run at once (they run again after).",
 )
+ASR_SPECULATIVE = Counter(
+    "va_asr_speculative_total",
+    "Speculative finals of /v1/stream/asr (started at a pause): used as the segment's "
+    "final, or wasted because the user went on.",
+    ["outcome"],
+)
 ASR_DROPPED = Counter(
     "va_asr_dropped_total", "Utterances refused or dropped, by reason.", ["reason"]
 )

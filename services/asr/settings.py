@@ -80,6 +80,9 @@ class AsrSection(EngineSection):
     """Longest utterance accepted by a job or the stream."""
     max_upload_mb: float = Field(default=25.0, ge=0.1, le=1024)
     """Largest file `POST /v1/audio/transcriptions` accepts."""
+    speculative_finals: bool = True
+    """`/v1/stream/asr`: start a segment's final at a pause (`VA_VAD__PAUSE_MS`) and keep it
+    if no speech follows, so the final is (nearly) ready when the silence ends the segment."""
     consumers: int = Field(default=32, ge=1, le=1024)
     """Redis jobs in flight at once in this process (they all enter the batcher)."""
 

@@ -1,4 +1,10 @@
-"""`WS /v1/stream/asr`: VAD-segmented streaming transcription (docs/protocol.md)."""
+"""`WS /v1/stream/asr`: VAD-segmented streaming transcription (docs/protocol.md).
+
+Speculative finals: at a pause (`VA_VAD__PAUSE_MS`, before the silence that ends a segment)
+the audio so far goes to the model at once. If the segment then ends with no more speech,
+that transcription is the segment's final (the same audio, so the same text), and the wait
+for it overlapped the rest of the silence; if the user went on, it is dropped (counted
+as wasted in `va_asr_speculative_total`)."""
 
 from __future__ import annotations
 
@@ -8,7 +14,9 @@ import uuid
 from fastapi import WebSocket
 
 from services.asr.batcher import Batcher
-from services.asr.engines.base import AsrInput
+from services.asr.engines.base import AsrInput, Transcript
+from services.asr.metrics import ASR_SPECULATIVE
+from services.common.audio import AudioF32
 from services.common.errors import UnsupportedSampleRate, VoiceAgentError
 from services.common.events import (
     ASR_CLIENT_EVENTS,
@@ -21,7 +29,7 @@ from services.common.events import (
 )
 from services.common.listener import HearingBatcher, Listener
 from services.common.service import ServiceState
-from services.common.turns import SpeechEnd, SpeechStart
+from services.common.turns import SpeechEnd, SpeechPause, SpeechStart, TurnEvent
 from services.common.vad import VadSettings
 from services.common.ws import Channel, Disconnected
 
@@ -37,8 +45,12 @@ class AsrStream:
         language: str | None,
         partials: bool,
         partial_interval_ms: int,
+        speculate: bool = True,
     ) -> None:
         self.channel = channel
+        self.speculate = speculate
+        self._speculation: tuple[int, asyncio.Task[Transcript | VoiceAgentError]] | None = None
+        """(end_ms, its transcription) of the pause the open segment is in."""
         self.batcher = batcher
         self.listener = listener
         self.language = language
@@ -69,9 +81,11 @@ class AsrStream:
                     raise
                 await self.channel.send_error(exc)
 
-    def _on_events(self, events: list[SpeechStart | SpeechEnd], tasks: asyncio.TaskGroup) -> None:
+    def _on_events(self, events: list[TurnEvent], tasks: asyncio.TaskGroup) -> None:
         for event in events:
-            if isinstance(event, SpeechStart):
+            if isinstance(event, SpeechPause):
+                self._speculate(event, tasks)
+            elif isinstance(event, SpeechStart):
                 self.segment_id = _new_segment_id()
                 self._last_partial_ms = event.start_ms
                 tasks.create_task(
@@ -93,23 +107,52 @@ class AsrStream:
         empty = SegmentFinal(segment_id=_new_segment_id(), text="", start_ms=now, end_ms=now)
         self._last_final = tasks.create_task(self._send_after(self._last_final, empty))
 
+    def _speculate(self, pause: SpeechPause, tasks: asyncio.TaskGroup) -> None:
+        """Transcribe the paused audio now; an earlier pause's work is wasted."""
+        if not self.speculate:
+            return
+        self._drop_speculation()
+        work = tasks.create_task(self._transcribe(pause.audio), name="speculative-final")
+        self._speculation = (pause.end_ms, work)
+
+    def _drop_speculation(self) -> None:
+        if self._speculation is not None:
+            self._speculation[1].cancel()
+            self._speculation = None
+            ASR_SPECULATIVE.labels("wasted").inc()
+
+    async def _transcribe(self, audio: AudioF32) -> Transcript | VoiceAgentError:
+        try:
+            return await self.batcher.transcribe(AsrInput(audio, self.language))
+        except VoiceAgentError as exc:
+            return exc
+
     def _on_end(self, end: SpeechEnd | None, tasks: asyncio.TaskGroup) -> None:
         if end is None:
             return
+        speculative = None
+        if self._speculation is not None and self._speculation[0] == end.end_ms:
+            speculative, self._speculation = self._speculation[1], None
+            ASR_SPECULATIVE.labels("used").inc()
+        self._drop_speculation()
         segment_id = self.segment_id or _new_segment_id()
         self.segment_id = ""
-        final = self._final(segment_id, end, self._last_final)
+        work = speculative or tasks.create_task(self._transcribe(end.audio))
+        final = self._final(segment_id, end, work, self._last_final)
         self._last_final = tasks.create_task(final, name=f"final-{segment_id}")
 
     async def _final(
-        self, segment_id: str, end: SpeechEnd, before: asyncio.Task[None] | None
+        self,
+        segment_id: str,
+        end: SpeechEnd,
+        work: asyncio.Task[Transcript | VoiceAgentError],
+        before: asyncio.Task[None] | None,
     ) -> None:
-        try:
-            transcript = await self.batcher.transcribe(AsrInput(end.audio, self.language))
-        except VoiceAgentError as exc:  # this segment is lost; the stream goes on
+        transcript = await work
+        if isinstance(transcript, VoiceAgentError):  # this segment is lost; the stream goes on
             if before is not None:
                 await before
-            await self.channel.send_error(exc, segment_id, fatal=False)
+            await self.channel.send_error(transcript, segment_id, fatal=False)
             return
         final = SegmentFinal(
             segment_id=segment_id, text=transcript.text, start_ms=end.start_ms, end_ms=end.end_ms
@@ -156,6 +199,7 @@ async def serve_asr_stream(
     sample_rate: int,
     language: str | None,
     partials: bool,
+    speculate: bool = True,
 ) -> None:
     """Accept and serve one connection; errors map to events and close codes here."""
     await ws.accept()
@@ -169,7 +213,7 @@ async def serve_asr_stream(
             exc.close_code = 1008
             await channel.fail(exc)
             return
-        stream = AsrStream(channel, batcher, listener, language, partials, 500)
+        stream = AsrStream(channel, batcher, listener, language, partials, 500, speculate)
         fatal: VoiceAgentError | None = None
         try:
             async with asyncio.TaskGroup() as tasks:

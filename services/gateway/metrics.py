@@ -65,3 +65,20 @@ TURN_HOLDS = Counter(
     "End-of-turn holds by outcome: the user went on (continued) or the hold ran out (expired).",
     ["outcome"],
 )
+TURN_MODEL = Counter(
+    "va_gateway_turn_model_total",
+    "Answers of a pause end-of-turn policy (smart-turn): complete, incomplete (the model), "
+    "or incomplete_words (the model said complete, the transcript ends mid-thought).",
+    ["decision"],
+)
+TURN_MODEL_SECONDS = Histogram(
+    "va_gateway_turn_model_seconds",
+    "Wall time of one batched end-of-turn model call.",
+    buckets=(0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0),
+)
+SPECULATIVE_ASR = Counter(
+    "va_gateway_speculative_asr_total",
+    "Transcriptions started at a pause: used as the turn's final, wasted (the user went on) "
+    "or failed.",
+    ["outcome"],
+)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.common.audio import float_to_pcm16, ms_to_samples
+from services.common.audio import AudioF32, float_to_pcm16, ms_to_samples
 from services.common.errors import (
     AgentFailed,
     AsrUnavailable,
@@ -47,7 +47,7 @@ from services.common.events import (
 )
 from services.common.jobs import AsrJob, AsrResult, BusResult, JobFailed, TtsChunk, TtsDone, TtsJob
 from services.common.listener import Listener
-from services.common.turns import SpeechEnd, SpeechStart
+from services.common.turns import SpeechEnd, SpeechPause, SpeechStart, TurnEvent
 from services.common.ws import Channel
 from services.gateway import metrics
 from services.gateway.agent import AGENTS, Agent, Turn
@@ -76,6 +76,11 @@ def _job_error(result: JobFailed, fallback: type[VoiceAgentError]) -> VoiceAgent
     return error
 
 
+def _settle(future: asyncio.Future[str | None], value: str | None) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:16]}"
 
@@ -85,7 +90,32 @@ class _Utterance:
     start_ms: int
     end_ms: int
     speech_end_at: float
+    job_id: str
+    """The ASR job whose result is this utterance's final (its own, or the speculation's)."""
     timeout: asyncio.TimerHandle | None = None
+
+
+@dataclass
+class _Speculation:
+    """A transcription started at a pause of the open utterance."""
+
+    utterance_id: str
+    end_ms: int
+    job_id: str
+    heard: asyncio.Future[str | None]
+    """Its text once it comes; None if it is dropped or fails first."""
+    result: AsrResult | None = None
+    """Its transcript, when it came before the turn ended."""
+
+
+@dataclass
+class _Pause:
+    """The pause a pause policy (smart-turn) is deciding about."""
+
+    utterance_id: str
+    end_ms: int
+    asked_at_silence_ms: int
+    asking: bool = True
 
 
 @dataclass
@@ -149,6 +179,8 @@ class Session:
         self._partial: tuple[str, float] | None = None  # (utterance, asked at) in flight
         self._last_partial_ms = 0
         self._held: _Held | None = None
+        self._speculation: _Speculation | None = None
+        self._pause: _Pause | None = None
         self._children: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ inputs
@@ -182,6 +214,7 @@ class Session:
         await self._on_turn_events(events)
         await self._check_barge_in()
         await self._maybe_partial()
+        self._maybe_ask_again()
 
     def deliver(self, result: BusResult, audio: bytes | None) -> None:
         """A bus result for this session (called by the gateway's result reader)."""
@@ -225,9 +258,11 @@ class Session:
 
     # ------------------------------------------------------------------ turns
 
-    async def _on_turn_events(self, events: list[SpeechStart | SpeechEnd]) -> None:
+    async def _on_turn_events(self, events: list[TurnEvent]) -> None:
         for event in events:
-            if isinstance(event, SpeechStart):
+            if isinstance(event, SpeechPause):
+                await self._on_pause(event)
+            elif isinstance(event, SpeechStart):
                 self.utterance_id = new_id("utt")
                 self._last_partial_ms = event.start_ms
                 lag_s = (self.listener.segmenter.position_ms - event.start_ms) / 1000
@@ -286,15 +321,72 @@ class Session:
         metrics.PARTIALS.labels("asked").inc()
         await self.bus.submit_asr(job, float_to_pcm16(segmenter.current_audio()))
 
-    async def _end_of_turn(self, end: SpeechEnd) -> None:
-        utterance_id = self.utterance_id or new_id("utt")
-        self.utterance_id = None
-        lag_s = max(0.0, (self.listener.segmenter.position_ms - end.end_ms) / 1000)
-        metrics.END_OF_TURN_DELAY.observe(lag_s)
-        utterance = _Utterance(end.start_ms, end.end_ms, self.clock() - lag_s)
-        await self.channel.send(SpeechStopped(utterance_id=utterance_id, audio_end_ms=end.end_ms))
-        job = AsrJob(
-            job_id=new_id("asr"),
+    async def _on_pause(self, pause: SpeechPause) -> None:
+        """A pause inside the open utterance: transcribe it speculatively, and ask a pause
+        policy whether the turn is over."""
+        utterance_id = self.utterance_id
+        if utterance_id is None:
+            return
+        if self.settings.speculative_asr:
+            self._drop_speculation("wasted")  # the user went on after an earlier pause
+            job = self._asr_job(utterance_id, new_id("asrs"))
+            heard = asyncio.get_running_loop().create_future()
+            self._speculation = _Speculation(utterance_id, pause.end_ms, job.job_id, heard)
+            await self.bus.submit_asr(job, float_to_pcm16(pause.audio))
+        if self.end_of_turn.decides_at_pause:
+            self._pause = _Pause(utterance_id, pause.end_ms, self._silence_ms())
+            self._spawn(self._ask_turn_model(self._pause, pause.audio), "turn-model")
+
+    async def _speculative_text(self) -> str | None:
+        """The transcript of the speculation under way, once it comes (None: none)."""
+        speculation = self._speculation
+        return None if speculation is None else await speculation.heard
+
+    def _silence_ms(self) -> int:
+        return self.listener.segmenter.trailing_silence_ms
+
+    def _in_pause(self, pause: _Pause) -> bool:
+        """Whether the user is still silent in the pause the policy was asked about."""
+        segmenter = self.listener.segmenter
+        return (
+            self._pause is pause
+            and self.utterance_id == pause.utterance_id
+            and segmenter.silence_start_ms == pause.end_ms
+        )
+
+    async def _ask_turn_model(self, pause: _Pause, audio: AudioF32) -> None:
+        complete = await self.end_of_turn.turn_complete(audio, self._speculative_text)
+        pause.asking = False
+        if not complete or not self._in_pause(pause):
+            return
+        self._pause = None
+        end = self.listener.commit()  # the same end and audio as the VAD's SpeechEnd
+        if end is not None:
+            await self._end_of_turn(end)
+
+    def _maybe_ask_again(self) -> None:
+        """While the pause goes on, ask the pause policy again every recheck interval."""
+        pause = self._pause
+        if pause is None or pause.asking:
+            return
+        if not self._in_pause(pause):
+            self._pause = None
+            return
+        silence = self._silence_ms()
+        if silence - pause.asked_at_silence_ms >= self.settings.end_of_turn_recheck_ms:
+            pause.asking, pause.asked_at_silence_ms = True, silence
+            audio = self.listener.segmenter.current_audio()
+            self._spawn(self._ask_turn_model(pause, audio), "turn-model")
+
+    def _drop_speculation(self, outcome: str) -> None:
+        if self._speculation is not None:
+            _settle(self._speculation.heard, None)
+            self._speculation = None
+            metrics.SPECULATIVE_ASR.labels(outcome).inc()
+
+    def _asr_job(self, utterance_id: str, job_id: str) -> AsrJob:
+        return AsrJob(
+            job_id=job_id,
             session_id=self.config.id,
             utterance_id=utterance_id,
             reply_to=self.bus.reply_to,
@@ -302,11 +394,39 @@ class Session:
             language=self.config.language,
             enqueued_at=time.time(),
         )
+
+    async def _end_of_turn(self, end: SpeechEnd) -> None:
+        utterance_id = self.utterance_id or new_id("utt")
+        self.utterance_id = None
+        self._pause = None
+        lag_s = max(0.0, (self.listener.segmenter.position_ms - end.end_ms) / 1000)
+        metrics.END_OF_TURN_DELAY.observe(lag_s)
+        speculation, self._speculation = self._speculation, None
+        if speculation is not None:
+            _settle(speculation.heard, None)  # the turn is decided: nobody waits for it now
+        reuse = (
+            speculation
+            if speculation is not None
+            and speculation.utterance_id == utterance_id
+            and speculation.end_ms == end.end_ms
+            and not end.forced
+            else None
+        )
+        job = self._asr_job(utterance_id, reuse.job_id if reuse else new_id("asr"))
+        utterance = _Utterance(end.start_ms, end.end_ms, self.clock() - lag_s, job.job_id)
+        await self.channel.send(SpeechStopped(utterance_id=utterance_id, audio_end_ms=end.end_ms))
         loop = asyncio.get_running_loop()
         utterance.timeout = loop.call_later(
             self.settings.asr_timeout_s, self._asr_timed_out, utterance_id
         )
         self.utterances[utterance_id] = utterance
+        if reuse is not None:
+            metrics.SPECULATIVE_ASR.labels("used").inc()
+            if reuse.result is not None:  # the transcript is already here
+                await self._on_transcript(reuse.result)
+            return
+        if speculation is not None:
+            metrics.SPECULATIVE_ASR.labels("wasted").inc()
         await self.bus.submit_asr(job, float_to_pcm16(end.audio))
 
     def _asr_timed_out(self, utterance_id: str) -> None:
@@ -333,6 +453,10 @@ class Session:
 
     async def _on_result(self, result: BusResult, audio: bytes | None) -> None:
         match result:
+            case AsrResult(mode="final") if self._is_speculation(result.job_id):
+                assert self._speculation is not None
+                self._speculation.result = result  # kept until the turn ends, or dropped
+                _settle(self._speculation.heard, result.text)
             case AsrResult(mode="final"):
                 await self._on_transcript(result)
             case AsrResult():
@@ -358,11 +482,16 @@ class Session:
             case JobFailed():
                 await self._on_failed(result)
 
+    def _is_speculation(self, job_id: str) -> bool:
+        """Whether a result answers the speculation of the utterance still open."""
+        return self._speculation is not None and self._speculation.job_id == job_id
+
     async def _on_transcript(self, result: AsrResult) -> None:
-        utterance = self.utterances.pop(result.utterance_id, None)
-        if utterance is None:
+        utterance = self.utterances.get(result.utterance_id)
+        if utterance is None or utterance.job_id != result.job_id:
             metrics.STALE_DROPPED.labels("asr_result").inc()
-            return  # a repeat, or timed out: exactly one final per utterance
+            return  # a repeat, a dropped speculation, or timed out: one final per utterance
+        del self.utterances[result.utterance_id]
         if utterance.timeout is not None:
             utterance.timeout.cancel()
         metrics.ASR_ROUNDTRIP.observe(self.clock() - utterance.speech_end_at)
@@ -414,9 +543,16 @@ class Session:
             await self._start_response(held.utterance_id, held.speech_end_at)
 
     async def _on_failed(self, result: JobFailed) -> None:
+        if self._is_speculation(result.job_id):
+            self._drop_speculation("failed")  # the turn's end sends the audio again
+            return
         if result.utterance_id is not None:
-            utterance = self.utterances.pop(result.utterance_id, None)
-            if utterance is not None and utterance.timeout is not None:
+            utterance = self.utterances.get(result.utterance_id)
+            if utterance is None or utterance.job_id != result.job_id:
+                metrics.STALE_DROPPED.labels("asr_failure").inc()
+                return  # a partial's, a dropped speculation's, or a repeat
+            del self.utterances[result.utterance_id]
+            if utterance.timeout is not None:
                 utterance.timeout.cancel()
             await self.channel.send_error(_job_error(result, AsrUnavailable))
             await self._release_held()

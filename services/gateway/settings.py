@@ -36,11 +36,25 @@ class GatewaySection(BaseModel):
     """The first text chunk sent to TTS is cut at a clause once it has this many words."""
     partial_interval_ms: int = Field(default=600, ge=0, le=10_000)
     """While the user speaks, a partial transcript is asked for this often (0: never)."""
-    end_of_turn: str = Field(default="silence", min_length=1, max_length=200)
-    """End-of-turn policy after VAD silence: `silence` (answer at once), `heuristic` (hold on
-    after a trailing "and", "um", "the"...), or `package.module:factory` for your own model."""
+    end_of_turn: str = Field(default="auto", min_length=1, max_length=200)
+    """End-of-turn policy: `smart-turn` (an audio model asked at each pause), `silence`
+    (the VAD's silence alone), `heuristic` (hold on after a trailing "and", "um",
+    "the"...), `auto` (smart-turn when its model is installed, else silence) or
+    `package.module:factory` for your own."""
     end_of_turn_hold_ms: int = Field(default=700, ge=0, le=10_000)
     """How long the `heuristic` policy waits for the user to go on."""
+    end_of_turn_fallback_ms: int = Field(default=2000, ge=100, le=10_000)
+    """`smart-turn`: silence that ends the turn even when the model says it is not over."""
+    end_of_turn_recheck_ms: int = Field(default=300, ge=32, le=10_000)
+    """`smart-turn`: while the pause goes on, the model is asked again this often."""
+    smart_turn_threshold: float = Field(default=0.5, gt=0.0, lt=1.0)
+    """`smart-turn`: the model's probability at or above which the turn is complete."""
+    smart_turn_threads: int = Field(default=1, ge=0, le=64)
+    """`smart-turn`: onnxruntime threads of the one model per process (0: every core)."""
+    speculative_asr: bool = True
+    """Send the utterance to the ASR at each pause and keep that transcript if the turn
+    then ends with no more speech (the transcript is ready sooner); otherwise it is
+    dropped (`va_gateway_speculative_asr_total{outcome="wasted"}`)."""
     barge_in_min_ms: int = Field(default=300, ge=0, le=5000)
     """User speech must last this long during agent audio to interrupt it (a cough does not)."""
     resume_window_s: int = Field(default=300, ge=10, le=86_400)

@@ -1,33 +1,64 @@
-"""End-of-turn policies: after VAD silence and the transcript, answer now or hold on?
+"""End-of-turn policies: has the user finished, or only paused?
 
-VAD decides that the user paused (`VA_VAD__MIN_SILENCE_MS`); a policy decides whether
-the pause ended the turn. It sees the conversation and the new transcript and returns
-how long to wait for more speech first: 0 answers at once. If the user speaks again
-inside the hold, the gateway joins both utterances into one user turn and asks again.
+Two kinds of policy:
+- transcript policies (`silence`, `heuristic`) act after the VAD's silence
+  (`VA_VAD__MIN_SILENCE_MS`) and the transcript: they return how long to wait for more
+  speech first (0 answers at once); if the user speaks again inside the hold, the
+  gateway joins both utterances into one user turn and asks again;
+- pause policies (`smart-turn`) are asked at each pause (`VA_VAD__PAUSE_MS`, about
+  200 ms of silence) with the utterance's audio and, when it comes, the speculative
+  transcript of the same audio: complete ends the turn at once; incomplete waits, asking
+  again every `end_of_turn_recheck_ms` of further silence, until
+  `end_of_turn_fallback_ms` of silence ends the turn anyway.
 
-A semantic turn model plugs in here: implement `EndOfTurn` and name it in
-`VA_GATEWAY__END_OF_TURN` as `package.module:factory` (the factory gets the gateway
-settings), or register it in `POLICIES`.
+`smart-turn` asks the audio model first; a turn it calls complete still is not when its
+transcript ends mid-thought ("...a table for", "...and", "um"): the model hears prosody,
+the words catch what it misses (measured: benchmarks/turn_taking.py). Waiting for the
+transcript costs nothing on the way to the answer, which needs it anyway.
+
+`auto` (the default) is `smart-turn` where its model is installed (the `smart-turn`
+extra), else `silence`. A model of your own plugs in as `package.module:factory` in
+`VA_GATEWAY__END_OF_TURN` (the factory gets the gateway settings), or in `POLICIES`.
 """
 
 from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Protocol
 
+from services.common.audio import AudioF32
+from services.common.vad import VadSettings
+from services.gateway import metrics
 from services.gateway.agent import Turn
 from services.gateway.settings import GatewaySection
 
+if TYPE_CHECKING:
+    from services.gateway.smart_turn import SmartTurnBatcher
+
+
+Transcript = Callable[[], Awaitable[str | None]]
+"""Waits for the speculative transcript of the pause being decided (None: none will come)."""
+
 
 class EndOfTurn(Protocol):
-    """Decides whether a transcript ends the user's turn."""
+    """Decides whether the user's turn is over."""
 
     name: str
+    decides_at_pause: bool
+    """True: `turn_complete` is asked at pauses and the VAD's silence is only a fallback."""
+
+    def load(self) -> None:
+        """Load what the policy needs (blocking; the gateway runs it at start-up)."""
+
+    async def turn_complete(self, audio: AudioF32, transcript: Transcript) -> bool:
+        """At a pause: whether the utterance so far (16 kHz) ends the turn. `transcript()`
+        gives its speculative transcript once there is one (None: there will be none)."""
+        ...
 
     async def hold_ms(self, history: list[Turn], transcript: str) -> int:
-        """Milliseconds to wait for more speech before answering (0: answer now).
+        """After the transcript: milliseconds to wait for more speech (0: answer now).
 
         `history` ends with the user turn `transcript` belongs to.
         """
@@ -38,9 +69,16 @@ class SilenceOnly:
     """VAD silence alone ends the turn."""
 
     name = "silence"
+    decides_at_pause = False
 
     def __init__(self, settings: GatewaySection) -> None:
         del settings
+
+    def load(self) -> None:
+        """Nothing to load."""
+
+    async def turn_complete(self, audio: AudioF32, transcript: Transcript) -> bool:
+        return False
 
     async def hold_ms(self, history: list[Turn], transcript: str) -> int:
         return 0
@@ -57,7 +95,7 @@ TRAILING_WORDS = frozenset(
 """Words a finished sentence rarely ends with: a pause after them is a pause mid-thought."""
 
 
-class TrailingWordHeuristic:
+class TrailingWordHeuristic(SilenceOnly):
     """Holds on when the transcript ends in a conjunction, article, preposition or filler."""
 
     name = "heuristic"
@@ -66,23 +104,75 @@ class TrailingWordHeuristic:
         self.hold = settings.end_of_turn_hold_ms
 
     async def hold_ms(self, history: list[Turn], transcript: str) -> int:
-        words = _WORD.findall(transcript.lower())
-        return self.hold if words and words[-1] in TRAILING_WORDS else 0
+        return self.hold if ends_mid_thought(transcript) else 0
+
+
+def ends_mid_thought(text: str) -> bool:
+    """Whether a transcript ends in a word a finished sentence rarely ends with."""
+    words = _WORD.findall(text.lower())
+    return bool(words) and words[-1] in TRAILING_WORDS
+
+
+class SmartTurn(SilenceOnly):
+    """Smart Turn v3.2 on the utterance's audio at each pause (services/gateway/smart_turn.py)."""
+
+    name = "smart-turn"
+    decides_at_pause = True
+
+    def __init__(self, settings: GatewaySection) -> None:
+        self.threshold = settings.smart_turn_threshold
+        self.threads = settings.smart_turn_threads
+        self.batcher: SmartTurnBatcher | None = None
+
+    def load(self) -> None:
+        """The model (once per process); EngineUnavailable naming the install if missing."""
+        from services.gateway.smart_turn import SmartTurnBatcher, shared_model
+
+        self.batcher = SmartTurnBatcher(shared_model(self.threads))
+
+    async def turn_complete(self, audio: AudioF32, transcript: Transcript) -> bool:
+        if self.batcher is None:
+            raise RuntimeError("smart-turn: load() was not called")
+        if await self.batcher.probability(audio) < self.threshold:
+            metrics.TURN_MODEL.labels("incomplete").inc()
+            return False
+        text = await transcript()
+        if text is not None and ends_mid_thought(text):
+            metrics.TURN_MODEL.labels("incomplete_words").inc()
+            return False
+        metrics.TURN_MODEL.labels("complete").inc()
+        return True
+
+
+def listening(policy: EndOfTurn, vad: VadSettings, settings: GatewaySection) -> VadSettings:
+    """The VAD settings a session hears with: under a pause policy the VAD's silence only
+    ends a turn the policy keeps calling incomplete (`end_of_turn_fallback_ms`)."""
+    if not policy.decides_at_pause:
+        return vad
+    return vad.model_copy(update={"min_silence_ms": settings.end_of_turn_fallback_ms})
 
 
 Factory = Callable[[GatewaySection], EndOfTurn]
 
-POLICIES: dict[str, Factory] = {"silence": SilenceOnly, "heuristic": TrailingWordHeuristic}
+POLICIES: dict[str, Factory] = {
+    "silence": SilenceOnly,
+    "heuristic": TrailingWordHeuristic,
+    "smart-turn": SmartTurn,
+}
 
 
 def create_policy(settings: GatewaySection) -> EndOfTurn:
-    """The policy `settings.end_of_turn` names: a registered name or `module:factory`."""
+    """The policy `settings.end_of_turn` names: `auto`, a registered name or `module:factory`."""
     name = settings.end_of_turn
+    if name == "auto":
+        from services.gateway.smart_turn import available
+
+        name = "smart-turn" if available() else "silence"
     if name in POLICIES:
         return POLICIES[name](settings)
     module_name, _, attribute = name.partition(":")
     if not attribute:
-        choices = ", ".join(sorted(POLICIES))
+        choices = ", ".join(["auto", *sorted(POLICIES)])
         raise ValueError(f"unknown end-of-turn policy {name!r}; choose {choices} or module:factory")
     factory: Factory = getattr(importlib.import_module(module_name), attribute)
     return factory(settings)

@@ -35,7 +35,7 @@ from services.gateway.agent import AGENTS, Agent
 from services.gateway.bus import GatewayBus
 from services.gateway.session import Session
 from services.gateway.settings import GatewaySection
-from services.gateway.turn_end import EndOfTurn
+from services.gateway.turn_end import EndOfTurn, SilenceOnly, listening
 
 RATE = 16000
 WINDOW = 512
@@ -119,7 +119,9 @@ class FakeBus:
 
     loop: asyncio.AbstractEventLoop
     transcripts: list[str] = field(default_factory=list)
-    """Texts of the next final transcripts, in order ("" once they run out)."""
+    """Texts of the next utterances' transcripts, in order ("" once they run out)."""
+    heard: dict[str, str] = field(default_factory=dict)
+    """utterance id → its transcript (every final-mode job of an utterance hears the same)."""
     asr_delay_s: float = 0.2
     tts_first_s: float = 0.05
     tts_chunk_s: float = 0.02
@@ -141,7 +143,9 @@ class FakeBus:
             text = f"partial {len(pcm16) // 32} ms"
             self.loop.call_later(self.asr_delay_s, self._asr_result, job, text)
         elif job.mode == "final" and self.answer_asr:
-            text = self.transcripts.pop(0) if self.transcripts else ""
+            if job.utterance_id not in self.heard:  # a speculation and its final hear alike
+                self.heard[job.utterance_id] = self.transcripts.pop(0) if self.transcripts else ""
+            text = self.heard[job.utterance_id]
             self.loop.call_later(self.asr_delay_s, self._asr_result, job, text)
 
     def _asr_result(self, job: AsrJob, text: str) -> None:
@@ -230,7 +234,9 @@ async def running_session(
     settings = settings or GatewaySection()
     socket = FakeSocket(loop)
     bus = FakeBus(loop, **bus_options)
-    listener = Listener(cast(SileroVad, EnergyVad()), vad or VadSettings(), 16000)
+    policy = end_of_turn or SilenceOnly(settings)
+    hearing = listening(policy, vad or VadSettings(), settings)
+    listener = Listener(cast(SileroVad, EnergyVad()), hearing, 16000)
     config = SessionConfig(id="sess_test", output_sample_rate=16000)
     async with asyncio.TaskGroup() as tasks:
         session = Session(
@@ -242,7 +248,7 @@ async def running_session(
             tasks,
             agents,
             clock=loop.time,
-            end_of_turn=end_of_turn,
+            end_of_turn=policy,
         )
         bus.deliver = session.deliver
 

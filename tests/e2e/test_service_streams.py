@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import re
 import time
+from collections.abc import AsyncIterator
 from functools import cache
 
+import httpx
 import numpy as np
 import numpy.typing as npt
 import pytest
@@ -241,3 +245,40 @@ async def test_tts_stream_cancel_mid_stream(lite_stack: Stack) -> None:
         await send_json(ws, {"type": "speak", "id": "next", "text": "again"})
         _, _, again = await _read_request(ws)
         assert (again["id"], again["status"]) == ("next", "completed")
+
+
+def _speculative(stack: Stack) -> dict[str, float]:
+    text = httpx.get(f"{stack.asr.http}/metrics", timeout=10).text
+    found = re.findall(r'^va_asr_speculative_total\{outcome="(\w+)"\} (\S+)$', text, re.M)
+    return {outcome: float(value) for outcome, value in found}
+
+
+async def test_asr_stream_final_is_the_pause_s_speculation_or_it_is_wasted(
+    lite_stack: Stack,
+) -> None:
+    """A pause starts the final's transcription; silence keeps it (the same audio, so the
+    same text); speech after the pause wastes it, and still exactly one final comes."""
+    rate = 16000
+    before = _speculative(lite_stack)
+    first, second = _speech("what is the weather like", rate), _speech("in paris today", rate)
+    async with connect(_asr_url(lite_stack, rate, partials=False)) as ws:
+        await recv_json(ws)
+        gap = _silence(350, rate)  # a pause (200 ms), not the end of the turn (600 ms)
+        await _send_audio(ws, np.concatenate([_silence(LEAD_MS, rate), first, gap, second]), rate)
+        await _send_audio(ws, _silence(1500, rate), rate, pace=4.0)
+        final, _, _ = await recv_until(ws, "transcript.final", timeout_s=20)
+        await _send_audio(ws, _silence(500, rate), rate, pace=4.0)
+        await send_json(ws, {"type": "close"})
+        later = [e async for e in _events_until_close(ws)]
+    assert recall(SENTENCE, final["text"]) >= 0.8, final
+    assert not any(e.get("type") == "transcript.final" for e in later), later
+    after = _speculative(lite_stack)
+    grown = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in ("used", "wasted")}
+    assert grown["used"] == 1 and grown["wasted"] >= 1, grown  # "like" pause, then the end
+
+
+async def _events_until_close(ws: ClientConnection) -> AsyncIterator[Json]:
+    with contextlib.suppress(websockets.ConnectionClosed):
+        async for message in ws:
+            if isinstance(message, str):
+                yield json.loads(message)

@@ -61,7 +61,8 @@ async def test_batched_hearing_gives_each_listener_what_hearing_alone_gives() ->
 
     alone = Listener(vad, settings, 16000)
     expected = [event for frame in frames for event in alone.push(frame)]
-    assert [type(e).__name__ for e in expected] == ["SpeechStart", "SpeechEnd"]
+    kinds = [type(e).__name__ for e in expected if type(e).__name__ != "SpeechPause"]
+    assert kinds == ["SpeechStart", "SpeechEnd"]
 
     batcher = HearingBatcher(vad)
     listeners = [Listener(vad, settings, 16000, batcher) for _ in range(6)]

@@ -10,7 +10,7 @@ import numpy.typing as npt
 import pytest
 
 from services.common.errors import EngineUnavailable
-from services.common.turns import SpeechEnd, SpeechStart, TurnEvent, TurnSegmenter
+from services.common.turns import SpeechEnd, SpeechPause, SpeechStart, TurnEvent, TurnSegmenter
 from services.common.vad import WINDOW, SileroVad, VadSettings
 from tests.speech import speak
 
@@ -40,17 +40,21 @@ def ramp(start: int, end: int) -> Audio:
 
 
 def drive(
-    seg: TurnSegmenter, probs: Sequence[float], frame: int = FRAME, start: int = 0
+    seg: TurnSegmenter,
+    probs: Sequence[float],
+    frame: int = FRAME,
+    start: int = 0,
+    pauses: bool = False,
 ) -> list[tuple[int, TurnEvent]]:
     """Feed len(probs) windows of ramp audio in `frame`-sized pieces; events with the
-    number of samples fed when each appeared."""
+    number of samples fed when each appeared (SpeechPause only with `pauses`)."""
     vad = ScriptedVad(probs)
     events: list[tuple[int, TurnEvent]] = []
     total = len(probs) * WINDOW
     for pos in range(0, total, frame):
         chunk = ramp(start + pos, start + min(pos + frame, total))
         events += [(pos + len(chunk), e) for e in seg.feed(chunk, vad.push(chunk))]
-    return events
+    return [(fed, e) for fed, e in events if pauses or not isinstance(e, SpeechPause)]
 
 
 def decided_in_window(fed: int) -> int:
@@ -189,25 +193,34 @@ def test_reset_drops_audio_and_the_open_utterance() -> None:
     check_audio(end, 20 * WINDOW, (30 * 32 + 200) * MS)
 
 
-def test_end_of_turn_hook_decides() -> None:
-    seen: list[tuple[int, int]] = []
+def test_a_pause_inside_an_utterance_carries_what_its_end_would() -> None:
+    seg = TurnSegmenter(VadSettings())  # pause 200 ms, silence 600 ms, pad 200 ms
+    events = drive(seg, [0.0] * 10 + [0.9] * 20 + [0.0] * 25, pauses=True)
+    assert kinds(events) == ["SpeechStart", "SpeechPause", "SpeechEnd"]
+    (fed, pause), (_, end) = events[1], events[2]
+    assert isinstance(pause, SpeechPause) and isinstance(end, SpeechEnd)
+    assert (pause.start_ms, pause.end_ms) == (end.start_ms, end.end_ms) == (320, 30 * 32)
+    np.testing.assert_array_equal(pause.audio, end.audio)  # a speculative final is the final
+    assert decided_in_window(fed) == 30 + 6  # 200 ms of silence = 7 windows (224 ms)
 
-    def early(audio: Audio, silence_ms: int) -> bool:
-        assert not audio.flags.writeable
-        seen.append((int(audio[0]), silence_ms))
-        return silence_ms >= 96
 
-    seg = TurnSegmenter(VadSettings(), end_of_turn=early)
-    events = drive(seg, [0.0] * 10 + [0.9] * 20 + [0.0] * 10)
-    assert kinds(events) == ["SpeechStart", "SpeechEnd"]
-    end = events[1][1]
-    assert isinstance(end, SpeechEnd)
-    assert end.end_ms == 30 * 32
-    assert seen == [(120 * MS, 32), (120 * MS, 64), (120 * MS, 96)]
-    check_audio(end, 120 * MS, 33 * WINDOW)  # trailing pad limited to the silence seen
+def test_one_pause_per_stretch_of_silence_and_none_once_it_ends_the_turn() -> None:
+    seg = TurnSegmenter(VadSettings())
+    probs = [0.9] * 20 + [0.0] * 10 + [0.9] * 10 + [0.0] * 30
+    events = drive(seg, probs, pauses=True)
+    assert kinds(events) == ["SpeechStart", "SpeechPause", "SpeechPause", "SpeechEnd"]
+    assert [e.end_ms for _, e in events[1:3]] == [20 * 32, 40 * 32]  # type: ignore[union-attr]
+    no_pauses = TurnSegmenter(VadSettings(pause_ms=600))  # as long as the turn's silence
+    assert kinds(drive(no_pauses, probs, pauses=True)) == ["SpeechStart", "SpeechEnd"]
 
-    never = TurnSegmenter(VadSettings(), end_of_turn=lambda audio, ms: False)
-    assert kinds(drive(never, [0.9] * 20 + [0.0] * 60)) == ["SpeechStart"]
+
+def test_a_pause_waits_for_the_whole_trailing_pad() -> None:
+    seg = TurnSegmenter(VadSettings(pause_ms=64, speech_pad_ms=300))
+    events = drive(seg, [0.9] * 20 + [0.0] * 25, pauses=True)
+    fed, pause = events[1]
+    assert isinstance(pause, SpeechPause)
+    assert decided_in_window(fed) == 20 + 9  # 300 ms (10 windows), not 64 ms
+    assert len(pause.audio) == (640 + 300) * MS
 
 
 def test_more_probabilities_than_audio_is_an_error() -> None:
@@ -291,7 +304,8 @@ def test_sentence_between_silences_is_one_turn(vad: SileroVad, sentence: Audio) 
     voiced = np.flatnonzero(np.abs(sentence) > 0.01)
     onset_ms, offset_ms = (lead + voiced[0]) // MS, (lead + voiced[-1]) // MS
     stream, seg = vad.new_stream(), TurnSegmenter(VadSettings())
-    events = [e for f in frames(audio) for e in seg.feed(f, stream.push(f))]
+    heard = [e for f in frames(audio) for e in seg.feed(f, stream.push(f))]
+    events = [e for e in heard if not isinstance(e, SpeechPause)]  # between words, maybe
     assert [type(e) for e in events] == [SpeechStart, SpeechEnd]
     start, end = events
     assert isinstance(end, SpeechEnd) and not end.forced

@@ -1,0 +1,154 @@
+"""Smart Turn v3.2: has the user finished their turn? An audio model asked at each pause.
+
+The model (BSD-2-Clause, by the Pipecat team at Daily) ships in the `pipecat-ai` wheel; it
+is located there, checked against the SHA-256 below and loaded with onnxruntime (the
+package's own code is never imported). Input: the last 8 s of the utterance at 16 kHz
+(zero-padded at the front), normalized to zero mean and unit variance, as Whisper's
+80-bin log-Mel features, shape (N, 80, 800); output: the probability that the turn is
+complete, one per row.
+
+One model per process. Sessions that ask while the model is busy are answered together
+by its next call, on the model's own thread (as the VAD's HearingBatcher does), so the
+event loop never waits for an inference.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
+from typing import Any, Final
+
+import numpy as np
+
+from services.common.audio import AudioF32
+from services.common.errors import EngineUnavailable
+from services.common.packaged import PackagedModel
+from services.gateway import metrics
+
+SMART_TURN: Final = PackagedModel(
+    name="smart-turn-v3.2",
+    distribution="pipecat-ai",
+    version="1.14.0",
+    module="pipecat",
+    folder="audio/turn/smart_turn/data",
+    files={
+        "smart-turn-v3.2-cpu.onnx": (
+            "2bb026316b14a660486a75b1733cd3fbab8c2fd0314dc9af7be49f8cca967e4f"
+        ),
+    },
+    licence="BSD-2-Clause (Pipecat, Daily)",
+    source="Smart Turn v3.2 (pipecat-ai/smart-turn), the CPU ONNX export",
+    extra="smart-turn",
+)
+RATE: Final = 16000
+WINDOW_S: Final = 8
+FRAMES: Final = 800
+"""Log-Mel frames of the 8 s window (hop 160)."""
+_NORM_EPS: Final = 1e-7
+
+
+class SmartTurnModel:
+    """The loaded model and its feature extractor; `predict` blocks (run it off the loop)."""
+
+    def __init__(self, threads: int = 1) -> None:
+        import onnxruntime
+        from faster_whisper.feature_extractor import FeatureExtractor
+
+        path = SMART_TURN.verify() / "smart-turn-v3.2-cpu.onnx"
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        try:
+            self._session = onnxruntime.InferenceSession(
+                str(path), sess_options=options, providers=["CPUExecutionProvider"]
+            )
+        except Exception as exc:  # onnxruntime raises its own types
+            raise EngineUnavailable(f"cannot load Smart Turn from {path}: {exc}") from exc
+        self._features = FeatureExtractor(feature_size=80, sampling_rate=RATE, chunk_length=8)
+
+    def features(self, audio: AudioF32) -> AudioF32:
+        """(80, 800) log-Mel features of the last 8 s, zero-padded at the front."""
+        window = RATE * WINDOW_S
+        tail = np.asarray(audio[-window:], dtype=np.float32)
+        padded = np.zeros(window, dtype=np.float32)
+        padded[window - tail.size :] = tail
+        normalized = (padded - padded.mean()) / np.sqrt(padded.var() + _NORM_EPS)
+        mel = self._features(normalized.astype(np.float32), padding=0)
+        features: AudioF32 = np.asarray(mel[:, :FRAMES], dtype=np.float32)
+        return features
+
+    def predict(self, clips: list[AudioF32]) -> list[float]:
+        """The probability that each clip ends a complete turn."""
+        batch = np.stack([self.features(clip) for clip in clips])
+        (probabilities,) = self._session.run(None, {"input_features": batch})
+        return [float(p) for p in np.asarray(probabilities).reshape(-1)]
+
+
+@cache
+def shared_model(threads: int = 1) -> SmartTurnModel:
+    """The process's one model (loaded on first use; EngineUnavailable when it cannot be)."""
+    return SmartTurnModel(threads)
+
+
+def available() -> bool:
+    """Whether the pipecat-ai wheel with the pinned, unchanged model is installed."""
+    try:
+        SMART_TURN.verify()
+    except EngineUnavailable:
+        return False
+    return True
+
+
+_Waiting = tuple[AudioF32, "asyncio.Future[float]"]
+
+
+class SmartTurnBatcher:
+    """Answers every session that asked while the model was busy with one batched call."""
+
+    def __init__(self, model: SmartTurnModel) -> None:
+        self.model = model
+        self._waiting: list[_Waiting] = []
+        self._busy = False
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="smart-turn")
+
+    async def probability(self, audio: AudioF32) -> float:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[float] = loop.create_future()
+        self._waiting.append((audio, future))
+        if not self._busy:
+            self._busy = True
+            loop.call_soon(self._start)  # after this loop turn: others' asks join the batch
+        return await future
+
+    def _start(self) -> None:
+        waiting, self._waiting = self._waiting, []
+        loop = asyncio.get_running_loop()
+        run = loop.run_in_executor(self._executor, self._timed, [a for a, _ in waiting])
+        run.add_done_callback(lambda done: self._finish(waiting, done))
+
+    def _timed(self, clips: list[AudioF32]) -> list[float]:
+        started = time.perf_counter()
+        found = self.model.predict(clips)
+        metrics.TURN_MODEL_SECONDS.observe(time.perf_counter() - started)
+        return found
+
+    def _finish(self, waiting: list[_Waiting], run: asyncio.Future[list[float]]) -> None:
+        if self._waiting:
+            self._start()
+        else:
+            self._busy = False
+        try:
+            probabilities: list[Any] = run.result()
+        except Exception as exc:
+            for _, future in waiting:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for (_, future), probability in zip(waiting, probabilities, strict=True):
+            if not future.done():
+                future.set_result(probability)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,222 @@
+"""Speculative transcription and pause policies (smart-turn) in the session, on virtual time.
+
+The turn model is scripted (its answers and latency); the real Smart Turn model has its
+own tests (tests/unit/test_smart_turn.py) and the turn-taking benchmark.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+
+from services.common.audio import AudioF32
+from services.gateway import metrics
+from services.gateway.settings import GatewaySection
+from services.gateway.turn_end import SilenceOnly, SmartTurn, Transcript
+from tests.component.session_harness import Harness, on_virtual_time, running_session, silence, tone
+
+PAUSE_S = 0.2  # VadSettings().pause_ms
+WINDOW_S = 512 / 16000
+
+
+def count(outcome: str) -> float:
+    return float(metrics.SPECULATIVE_ASR.labels(outcome)._value.get())
+
+
+def final_jobs(h: Harness) -> list[tuple[float, str]]:
+    return [(t, job.job_id) for t, job, _ in h.bus.asr_jobs if job.mode == "final"]
+
+
+class ScriptedTurnModel(SilenceOnly):
+    """A pause policy that answers from a script after `delay_s` (then: incomplete)."""
+
+    name = "scripted"
+    decides_at_pause = True
+
+    def __init__(self, *answers: bool, delay_s: float = 0.05) -> None:
+        super().__init__(GatewaySection())
+        self.answers = list(answers)
+        self.delay_s = delay_s
+        self.asked: list[tuple[float, int]] = []
+
+    async def turn_complete(self, audio: AudioF32, transcript: Transcript) -> bool:
+        self.asked.append((asyncio.get_running_loop().time(), audio.size))
+        await asyncio.sleep(self.delay_s)
+        return self.answers.pop(0) if self.answers else False
+
+
+# ---------------------------------------------------------------- speculation
+
+
+@on_virtual_time
+async def test_a_speculation_the_user_talks_over_is_wasted_and_never_shown() -> None:
+    wasted, used = count("wasted"), count("used")
+    async with running_session(transcripts=["go to the station"]) as h:
+        await h.say(silence(200), tone(800), silence(300), tone(600), silence(800))
+        await h.wait_for("response.done")
+    (first, _), (second, _) = final_jobs(h)  # one per pause; the second was kept
+    assert second - first == pytest.approx(0.3 + 0.6, abs=2 * WINDOW_S)
+    assert [e["text"] for e in h.of_type("transcript.final")] == ["go to the station"]
+    assert (count("wasted") - wasted, count("used") - used) == (1, 1)
+    assert h.time_of("transcript.final") == pytest.approx(h.time_of("speech.stopped"))
+
+
+@on_virtual_time
+async def test_a_late_result_of_a_wasted_speculation_is_dropped() -> None:
+    stale = metrics.STALE_DROPPED.labels("asr_result")
+    before = stale._value.get()
+    async with running_session(transcripts=["go on"], asr_delay_s=1.0) as h:
+        await h.say(silence(200), tone(800), silence(300), tone(600), silence(1200))
+        await h.wait_for("response.done")
+    assert len(final_jobs(h)) == 2
+    assert [e["text"] for e in h.of_type("transcript.final")] == ["go on"]
+    assert stale._value.get() - before == 1  # the first pause's transcript, after the second
+    # the kept speculation was sent 200 ms into the silence: 400 ms of its 1 s were hidden
+    assert h.time_of("transcript.final") - h.time_of("speech.stopped") == pytest.approx(
+        1.0 - (0.6 - PAUSE_S), abs=2 * WINDOW_S
+    )
+
+
+@on_virtual_time
+async def test_without_speculation_the_audio_goes_at_the_end_of_the_turn() -> None:
+    settings = GatewaySection(speculative_asr=False)
+    async with running_session(settings=settings, transcripts=["hello"]) as h:
+        await h.say(silence(200), tone(800), silence(800))
+        await h.wait_for("response.done")
+    ((sent, _),) = final_jobs(h)
+    assert sent == pytest.approx(h.time_of("speech.stopped"))
+    assert h.time_of("transcript.final") == pytest.approx(sent + h.bus.asr_delay_s)
+
+
+@on_virtual_time
+async def test_a_failed_speculation_is_sent_again_at_the_end() -> None:
+    async with running_session(transcripts=["hello"], answer_asr=False) as h:
+        await h.say(silence(200), tone(800), silence(300))
+        (_, job, _) = h.bus.asr_jobs[-1]
+        h.session.deliver(job.failed("capacity", "busy"), None)
+        h.bus.answer_asr = True
+        await h.say(silence(600))
+        await h.wait_for("response.done")
+    assert len(final_jobs(h)) == 2 and h.of_type("error") == []
+    assert [e["text"] for e in h.of_type("transcript.final")] == ["hello"]
+
+
+# ---------------------------------------------------------------- pause policies
+
+
+@on_virtual_time
+async def test_a_complete_turn_ends_at_the_pause() -> None:
+    model = ScriptedTurnModel(True)
+    async with running_session(end_of_turn=model, transcripts=["what time is it"]) as h:
+        speech_end = await h.say(silence(200), tone(1000))
+        await h.say(silence(800))
+        await h.wait_for("response.done")
+    ((asked_at, samples),) = model.asked
+    assert asked_at - speech_end == pytest.approx(PAUSE_S, abs=2 * WINDOW_S)
+    assert samples / 16000 == pytest.approx(0.2 + 1.0 + 0.2, abs=0.05)  # pre-roll, speech, pad
+    stopped = h.time_of("speech.stopped")
+    assert stopped == pytest.approx(asked_at + model.delay_s)
+    # the speculative transcript (sent at the pause) is the final: 150 ms of its 200 hidden
+    assert h.time_of("transcript.final") == pytest.approx(asked_at + h.bus.asr_delay_s)
+    assert len(final_jobs(h)) == 1
+
+
+@on_virtual_time
+async def test_an_incomplete_turn_is_asked_again_as_the_silence_grows() -> None:
+    model = ScriptedTurnModel(False, False, True)
+    async with running_session(end_of_turn=model, transcripts=["book a table for"]) as h:
+        speech_end = await h.say(silence(200), tone(1000))
+        await h.say(silence(1500))
+        await h.wait_for("response.done")
+    times = [t - speech_end for t, _ in model.asked]
+    assert times == pytest.approx([0.2, 0.5, 0.8], abs=2 * WINDOW_S)  # every 300 ms
+    assert [n for _, n in model.asked] == sorted(n for _, n in model.asked)  # more silence
+    assert h.time_of("speech.stopped") == pytest.approx(model.asked[-1][0] + model.delay_s)
+    assert len(final_jobs(h)) == 1  # one pause, one speculation, kept
+
+
+@on_virtual_time
+async def test_a_turn_the_model_never_calls_complete_ends_at_the_fallback() -> None:
+    model = ScriptedTurnModel()
+    settings = GatewaySection(end_of_turn_fallback_ms=1500)
+    async with running_session(settings, end_of_turn=model, transcripts=["um"]) as h:
+        speech_end = await h.say(silence(200), tone(800))
+        await h.say(silence(2000))
+        await h.wait_for("response.done")
+    assert h.time_of("speech.stopped") - speech_end == pytest.approx(1.5, abs=2 * WINDOW_S)
+    times = [t - speech_end for t, _ in model.asked]  # at 0.2 s, then every 0.3 s or so
+    assert len(times) in (4, 5) and times[0] == pytest.approx(0.2, abs=2 * WINDOW_S)
+    assert all(0.3 <= b - a <= 0.3 + 2 * WINDOW_S for a, b in itertools.pairwise(times))
+
+
+@on_virtual_time
+async def test_the_user_going_on_keeps_the_turn_open() -> None:
+    model = ScriptedTurnModel(False, True, delay_s=0.05)
+    async with running_session(end_of_turn=model, transcripts=["go to the station"]) as h:
+        await h.say(silence(200), tone(800), silence(250), tone(600), silence(600))
+        await h.wait_for("response.done")
+    assert len(h.of_type("speech.started")) == len(h.of_type("speech.stopped")) == 1
+    assert [e["text"] for e in h.of_type("transcript.final")] == ["go to the station"]
+
+
+@on_virtual_time
+async def test_an_answer_that_comes_after_the_user_went_on_is_ignored() -> None:
+    model = ScriptedTurnModel(True, True, delay_s=0.2)  # slower than the user
+    async with running_session(end_of_turn=model, transcripts=["one two"]) as h:
+        await h.say(silence(200), tone(800), silence(250), tone(600), silence(800))
+        await h.wait_for("response.done")
+    # asked at the first pause, but the user spoke again before the answer came
+    assert len(h.of_type("speech.stopped")) == 1
+    stopped = h.time_of("speech.stopped")
+    assert stopped == pytest.approx(model.asked[1][0] + model.delay_s)
+
+
+class FixedProbability:
+    """Stands in for the Smart Turn model's batcher."""
+
+    def __init__(self, probability: float) -> None:
+        self.value = probability
+
+    async def probability(self, audio: AudioF32) -> float:
+        return self.value
+
+
+def smart_turn(probability: float) -> SmartTurn:
+    policy = SmartTurn(GatewaySection())
+    policy.batcher = FixedProbability(probability)  # type: ignore[assignment]
+    return policy
+
+
+@on_virtual_time
+async def test_smart_turn_ends_a_complete_turn_once_its_words_agree() -> None:
+    async with running_session(end_of_turn=smart_turn(0.9), transcripts=["what time is it"]) as h:
+        speech_end = await h.say(silence(200), tone(1000))
+        await h.say(silence(800))
+        await h.wait_for("response.done")
+    # the decision waited for the speculative transcript (200 ms at the fake ASR)
+    stopped = h.time_of("speech.stopped") - speech_end
+    assert stopped == pytest.approx(PAUSE_S + h.bus.asr_delay_s, abs=2 * WINDOW_S)
+    assert h.time_of("transcript.final") == pytest.approx(h.time_of("speech.stopped"))
+
+
+@on_virtual_time
+async def test_smart_turn_waits_when_the_words_end_mid_thought() -> None:
+    settings = GatewaySection(end_of_turn_fallback_ms=1500)
+    policy = smart_turn(0.9)
+    async with running_session(settings, end_of_turn=policy, transcripts=["a table for"]) as h:
+        speech_end = await h.say(silence(200), tone(1000))
+        await h.say(silence(1800))
+        await h.wait_for("response.done")
+    assert h.time_of("speech.stopped") - speech_end == pytest.approx(1.5, abs=2 * WINDOW_S)
+
+
+@on_virtual_time
+async def test_smart_turn_without_speculation_trusts_the_model() -> None:
+    settings = GatewaySection(speculative_asr=False)
+    async with running_session(settings, end_of_turn=smart_turn(0.9), transcripts=["x"]) as h:
+        speech_end = await h.say(silence(200), tone(1000))
+        await h.say(silence(800))
+        await h.wait_for("response.done")
+    assert h.time_of("speech.stopped") - speech_end == pytest.approx(PAUSE_S, abs=2 * WINDOW_S)

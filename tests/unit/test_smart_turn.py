@@ -1,0 +1,141 @@
+"""Smart Turn v3.2: features as the model was trained on, its answers on clear cases,
+batching across sessions, and the policy that asks it."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib.util
+from collections.abc import Awaitable, Callable
+from functools import cache
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+from services.common.audio import resample
+from services.common.errors import EngineUnavailable
+from services.gateway import smart_turn
+from services.gateway.settings import GatewaySection
+from services.gateway.smart_turn import SMART_TURN, SmartTurnBatcher, SmartTurnModel, shared_model
+from services.gateway.turn_end import SmartTurn, create_policy
+from services.tts.engines.base import SpeechRequest
+from services.tts.engines.piper import PiperEngine
+from services.tts.settings import PiperSettings
+from tests.speech import speak
+
+PAUSE = np.zeros(3200, np.float32)  # the 200 ms of silence a pause is asked after
+
+
+@cache
+def _piper() -> PiperEngine:
+    engine = PiperEngine(PiperSettings())
+    engine.load()
+    return engine
+
+
+def piper(text: str) -> np.ndarray:
+    chunks = list(_piper().synthesize(SpeechRequest(text=text, voice="joe")))
+    return resample(np.concatenate(chunks), _piper().sample_rate, 16000)
+
+
+def _reference() -> ModuleType:
+    """Pipecat's own feature code, loaded from the wheel's file as an oracle (not imported
+    as a package: it is read to check ours, never used by the service)."""
+    path = SMART_TURN.locate().parent / "_whisper_features.py"
+    spec = importlib.util.spec_from_file_location("smart_turn_reference_features", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_features_are_the_ones_the_model_was_trained_on() -> None:
+    model = shared_model()
+    for audio in (speak("what is the weather like", 16000), np.zeros(100, np.float32)):
+        ours = model.features(audio)
+        window = np.zeros(128_000, np.float32)
+        window[-min(audio.size, 128_000) :] = audio[-128_000:]
+        theirs = _reference().compute_whisper_log_mel_features(window)
+        assert ours.shape == theirs.shape == (80, 800)
+        np.testing.assert_allclose(ours, theirs, atol=1e-4)
+    long = np.concatenate([np.full(200_000, 0.5, np.float32), speak("hello there", 16000)])
+    np.testing.assert_array_equal(model.features(long), model.features(long[-128_000:]))
+
+
+@pytest.mark.parametrize(
+    ("text", "complete"),
+    [
+        ("What is the weather like in Paris today?", True),
+        ("Where is the nearest pharmacy?", True),
+        ("What is the weather like in", False),
+        ("Can you tell me, um,", False),
+        ("So what I wanted to ask is", False),
+    ],
+)
+def test_clear_cases(text: str, complete: bool) -> None:
+    (probability,) = shared_model().predict([np.concatenate([piper(text), PAUSE])])
+    assert (probability >= 0.5) == complete, probability
+
+
+def test_a_batch_answers_as_each_alone() -> None:
+    model = shared_model()
+    clips = [np.concatenate([piper(t), PAUSE]) for t in ("Thank you.", "Tell me about the")]
+    alone = [model.predict([clip])[0] for clip in clips]
+    np.testing.assert_allclose(model.predict(clips), alone, atol=1e-5)
+
+
+async def test_sessions_asking_together_share_one_model_call() -> None:
+    model = shared_model()
+    calls: list[int] = []
+
+    class Counting(SmartTurnModel):
+        def __init__(self) -> None:  # the loaded model, counted
+            self.__dict__.update(model.__dict__)
+
+        def predict(self, clips: list[np.ndarray]) -> list[float]:
+            calls.append(len(clips))
+            return super().predict(clips)
+
+    batcher = SmartTurnBatcher(Counting())
+    try:
+        clip = np.concatenate([piper("Thank you."), PAUSE])
+        found = await asyncio.gather(*(batcher.probability(clip) for _ in range(5)))
+    finally:
+        batcher.close()
+    assert calls == [5] and len(set(np.round(found, 5))) == 1
+
+
+async def test_the_policy_asks_the_model_then_the_words() -> None:
+    policy = SmartTurn(GatewaySection())
+    policy.load()
+    assert policy.decides_at_pause
+
+    def heard(text: str | None) -> Callable[[], Awaitable[str | None]]:
+        async def transcript() -> str | None:
+            return text
+
+        return transcript
+
+    complete = np.concatenate([piper("Where is the nearest pharmacy?"), PAUSE])
+    cut = np.concatenate([piper("What is the weather like in"), PAUSE])
+    assert await policy.turn_complete(complete, heard("Where is the nearest pharmacy?"))
+    assert await policy.turn_complete(complete, heard(None))  # no transcript: the model
+    assert not await policy.turn_complete(complete, heard("I would like a table for"))
+    assert not await policy.turn_complete(cut, heard("What is the weather like?"))
+
+
+def test_auto_picks_smart_turn_when_its_model_is_installed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert create_policy(GatewaySection(end_of_turn="auto")).name == "smart-turn"
+    missing = dataclasses.replace(SMART_TURN, distribution="no-such-wheel", module="no_such")
+    monkeypatch.setattr(smart_turn, "SMART_TURN", missing)
+    assert create_policy(GatewaySection(end_of_turn="auto")).name == "silence"
+    chosen = create_policy(GatewaySection(end_of_turn="smart-turn"))
+    shared_model.cache_clear()
+    try:
+        with pytest.raises(EngineUnavailable, match=r"pip install -e '\.\[smart-turn\]'"):
+            chosen.load()
+    finally:
+        shared_model.cache_clear()
