@@ -4,6 +4,8 @@
     python -m benchmarks.asr_batching --device cuda --random-size large-v3-turbo \\
         --out benchmarks/results/asr_batching_gpu_turbo_random.json
     python -m benchmarks.asr_batching --device cuda --model models/faster-whisper-large-v3-turbo
+    python -m benchmarks.asr_batching --model tiny.en --speech --concurrency 1,4,8,16 \\
+        --out benchmarks/results/asr_batching_cpu_tiny_en_speech.json
 
 At each concurrency C, C clients each send utterances back to back (a closed loop)
 until `--utterances` (default 4 × C, at least 16) have been transcribed (after an
@@ -33,6 +35,20 @@ from services.asr.engines.whisper import FasterWhisperEngine
 from services.asr.settings import WhisperSettings
 
 RATE = 16000
+
+
+def spoken(count: int, seed: int = 0) -> list[AsrInput]:
+    """The load test's sentences (1.5 to 4 s each) in espeak-ng voices at 150-200 wpm."""
+    from services.loadtest.corpus import SENTENCES
+    from tests.speech import speak
+
+    rng = np.random.default_rng(seed)
+    found = []
+    for i in range(count):
+        text = SENTENCES[int(rng.integers(len(SENTENCES)))]
+        wpm = int(rng.choice([150, 170, 190]))
+        found.append(AsrInput(speak(text, RATE, "en-us" if i % 3 else "en-gb", wpm), "en"))
+    return found
 
 
 def utterances(count: int, seed: int = 0) -> list[AsrInput]:
@@ -85,7 +101,12 @@ async def run_level(
 
 
 def load_engine(args: argparse.Namespace, workdir: Path) -> tuple[FasterWhisperEngine, str]:
-    if args.model:
+    if args.model == "tiny.en":
+        from services.asr.engines.whisper import TINY_EN
+
+        folder = TINY_EN.verify()
+        described = f"Whisper tiny.en, real weights ({TINY_EN.distribution}=={TINY_EN.version})"
+    elif args.model:
         folder, described = Path(args.model), args.model
     else:
         from tests.tiny_whisper import LARGE_V3_TURBO, TINY, build_tiny_whisper
@@ -114,7 +135,7 @@ async def measure(args: argparse.Namespace, engine: FasterWhisperEngine) -> list
     rows = []
     for concurrency in args.concurrency:
         count = args.utterances or max(16, 4 * concurrency)
-        items = utterances(count, seed=concurrency)
+        items = (spoken if args.speech else utterances)(count, seed=concurrency)
         modes = {"one_at_a_time": 1, "batched": args.max_batch or concurrency}
         for max_batch in modes.values():
             await run_level(engine, concurrency, max_batch, items[: max(concurrency, 4)])
@@ -152,7 +173,12 @@ def speedups(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", help="a CTranslate2 Whisper folder (default: build one)")
+    parser.add_argument(
+        "--model", help="a CTranslate2 Whisper folder, or tiny.en (default: build a random one)"
+    )
+    parser.add_argument(
+        "--speech", action="store_true", help="espeak-ng sentences instead of noise and tones"
+    )
     parser.add_argument(
         "--random-size",
         choices=("tiny", "large-v3-turbo"),
@@ -176,6 +202,7 @@ def main() -> None:
     body = {
         "benchmark": "asr_batching",
         "model": described,
+        "audio": "espeak-ng sentences, 1.5-4 s" if args.speech else "noise and tones, 1-4 s",
         "device": engine.device,
         "compute_type": args.compute_type,
         "cpu_threads": args.cpu_threads,

@@ -1,5 +1,7 @@
 """Streaming TTS through the Synthesizer: time to first audio and real-time factor.
 
+    python -m benchmarks.tts_stream --engine piper --concurrency 1,2,4 \\
+        --out benchmarks/results/tts_stream_piper_cpu.json
     python -m benchmarks.tts_stream --engine espeak \\
         --out benchmarks/results/tts_stream_espeak_cpu.json
     python -m benchmarks.tts_stream --engine chatterbox --model models/chatterbox
@@ -97,6 +99,15 @@ def espeak_engine(args: argparse.Namespace) -> tuple[TtsEngine, str, dict[str, A
     return engine, engine.default_voice, {"engine_model": engine.model}
 
 
+def piper_engine(args: argparse.Namespace) -> tuple[TtsEngine, str, dict[str, Any]]:
+    from services.tts.engines.piper import PiperEngine
+    from services.tts.settings import PiperSettings
+
+    engine = PiperEngine(PiperSettings())
+    engine.load()
+    return engine, engine.default_voice, {"engine_model": engine.model}
+
+
 def chatterbox_engine(
     args: argparse.Namespace, workdir: Path
 ) -> tuple[TtsEngine, str, dict[str, Any]]:
@@ -183,7 +194,7 @@ async def measure(engine: TtsEngine, voice: str, args: argparse.Namespace) -> li
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--engine", choices=("espeak", "chatterbox"), default="espeak")
+    parser.add_argument("--engine", choices=("espeak", "piper", "chatterbox"), default="piper")
     parser.add_argument(
         "--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16]
     )
@@ -208,6 +219,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tts-bench-") as workdir:
         if args.engine == "espeak":
             engine, voice, described = espeak_engine(args)
+        elif args.engine == "piper":
+            engine, voice, described = piper_engine(args)
         else:
             engine, voice, described = chatterbox_engine(args, Path(workdir))
         rows = asyncio.run(measure(engine, voice, args))
@@ -221,7 +234,15 @@ def main() -> None:
             "sample_rate": args.sample_rate,
             "rounds": args.rounds,
         },
-        "versions": versions("espeakng-loader", "numpy", "soxr", "torch", "chatterbox-tts"),
+        "versions": versions(
+            "espeakng-loader",
+            "piper-tts",
+            "onnxruntime",
+            "numpy",
+            "soxr",
+            "torch",
+            "chatterbox-tts",
+        ),
         "results": rows,
     }
     if args.out:

@@ -1,6 +1,8 @@
 """Voice-to-voice on the default profile: latency, what the ASR heard, how clear the reply is.
 
-    python -m benchmarks.voice_to_voice --turns 10 --out benchmarks/results/voice_to_voice_lite.json
+    VA_GATEWAY__END_OF_TURN=silence python -m benchmarks.voice_to_voice --turns 6 \\
+        --out benchmarks/results/voice_to_voice_lite_silence.json
+    python -m benchmarks.voice_to_voice --turns 6 --out benchmarks/results/voice_to_voice_lite.json
 
 Starts Redis, ASR (faster-whisper tiny.en), TTS (Piper) and the gateway as separate
 processes (`voice-agent up`'s layout), then speaks the load test's requests at real-time
@@ -141,6 +143,8 @@ def main() -> None:
         "benchmark": "voice_to_voice",
         "profile": "lite (faster-whisper tiny.en int8 + Piper joe + Silero VAD, echo agent)",
         "settings": {
+            "end_of_turn": os.environ.get("VA_GATEWAY__END_OF_TURN", "auto"),
+            "speculative_asr": os.environ.get("VA_GATEWAY__SPECULATIVE_ASR", "true"),
             "vad_min_silence_ms": 600,
             "output_lead_ms": 200,
             "partial_interval_ms": int(os.environ.get("VA_GATEWAY__PARTIAL_INTERVAL_MS", "600")),

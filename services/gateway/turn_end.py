@@ -89,7 +89,8 @@ _WORD = re.compile(r"[a-z']+")
 TRAILING_WORDS = frozenset(
     _WORD.findall(
         "and but or so because if then that which who when while although like um uh er "
-        "erm hmm the a an to of for with my your our their about than as"
+        "erm hmm the a an to of for with my your our their about than as in on at from by "
+        "into onto i we they he she"
     )
 )
 """Words a finished sentence rarely ends with: a pause after them is a pause mid-thought."""

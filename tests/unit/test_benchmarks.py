@@ -20,7 +20,7 @@ async def test_asr_levels_compare_batched_and_single(tmp_path: Path) -> None:
         WhisperSettings(model=str(build_tiny_whisper(tmp_path / "m")), device="cpu")
     )
     engine.load()
-    args = argparse.Namespace(concurrency=[4], utterances=8, max_batch=0, repeats=1)
+    args = argparse.Namespace(concurrency=[4], utterances=8, max_batch=0, repeats=1, speech=False)
     rows = await asr_batching.measure(args, engine)
     assert [(r["mode"], r["max_batch"]) for r in rows] == [("one_at_a_time", 1), ("batched", 4)]
     single, batched = rows

@@ -29,6 +29,9 @@ class HalfSecond:
         ("take me to the", True),
         ("so um", True),
         ("Because.", True),
+        ("What is the weather like in", True),  # prepositions rarely end a sentence
+        ("My flight leaves at seven, and I", True),
+        ("What is the weather like in Paris?", False),
         ("", False),
     ],
 )
