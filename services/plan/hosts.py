@@ -144,8 +144,9 @@ def multi_host(
     bases = _engine_bases(setups)
     if not any(b.gpu for b in bases):
         missing.append(
-            "engine hosts on GPUs: no GPU measurement; the engine hosts below are the measured "
-            "CPU machines, not GPU hosts (run the GPU benchmarks named under Not measured yet)"
+            "engine hosts on GPUs: no GPU measurement; the engine hosts in this view are the "
+            "CPU machines measured, not GPU hosts (run the GPU benchmarks named under Not "
+            "measured yet)"
         )
     if pace is None:
         missing.append("turns per second: no pace; give --turns-per-minute")
@@ -258,7 +259,9 @@ def _seed_row(
         seed = Figure(
             value=claim.requests_per_min,
             unit="req/min",
-            sources=[Source(path=f"seed {claim.seed}", field=claim.claim)],
+            sources=[
+                Source(path=f"seed {claim.seed}", field=claim.where, command="(seed document)")
+            ],
         )
         rate = derived(seed.value / 60, "turns/s", "the seed's req/min ÷ 60", [seed])
         ours = [

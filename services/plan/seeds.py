@@ -26,6 +26,8 @@ class SeedClaim:
     """Concurrent users the claim is for (gpus_for_load)."""
     requests_per_min: float | None = None
     """The load it assumes, in requests (turns) per minute, where it says."""
+    where: str = ""
+    """The seed file and the part of it the claim is from."""
 
 
 SEED_CLAIMS: tuple[SeedClaim, ...] = (
@@ -35,6 +37,7 @@ SEED_CLAIMS: tuple[SeedClaim, ...] = (
         "gpus_for_load",
         3,
         sessions=1_000,
+        where="003_b155903001034ceb.txt, GPU Sizing table, row 1,000",
         requests_per_min=200,
     ),
     SeedClaim(
@@ -43,6 +46,7 @@ SEED_CLAIMS: tuple[SeedClaim, ...] = (
         "gpus_for_load",
         30,
         sessions=10_000,
+        where="003_b155903001034ceb.txt, GPU Sizing table, row 10,000",
         requests_per_min=2_000,
     ),
     SeedClaim(
@@ -51,6 +55,7 @@ SEED_CLAIMS: tuple[SeedClaim, ...] = (
         "gpus_for_load",
         150,
         sessions=50_000,
+        where="003_b155903001034ceb.txt, GPU Sizing table, row 50,000",
         requests_per_min=10_000,
     ),
     SeedClaim(
@@ -59,6 +64,7 @@ SEED_CLAIMS: tuple[SeedClaim, ...] = (
         "by raising the limits",
         "sessions_per_host",
         100,
+        where="002_ca8b786f085f0be1.txt, 30 concurrent connections; scaling option 1",
     ),
     SeedClaim(
         "000/001 (PersonaPlex Scale-5)",
@@ -66,5 +72,6 @@ SEED_CLAIMS: tuple[SeedClaim, ...] = (
         "~8.8 GB VRAM per session); Kubernetes justified from Scale-10+",
         "sessions_per_gpu",
         5,
+        where="000_8142f512b3868ebf.txt and 001_77b5abfece40c45a.txt, executive summary",
     ),
 )
