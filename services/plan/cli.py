@@ -57,8 +57,32 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         help="seconds of agent speech per turn for the TTS estimate (default: the benchmark's)",
     )
+    parser.add_argument(
+        "--hosts-for",
+        type=_int_list,
+        default=[1_000, 10_000, 50_000],
+        help="concurrent sessions to size hosts for, e.g. 1000,10000,50000 (the seeds' scales)",
+    )
+    parser.add_argument(
+        "--gateway-host-cores",
+        type=int,
+        default=16,
+        help="CPU cores of a gateway host (one gateway process per core, one core spare)",
+    )
+    parser.add_argument(
+        "--redis-turns-per-s",
+        type=float,
+        help="turns/s one Redis master carries, measured (default: the most a loadtest ran)",
+    )
     parser.add_argument("--out", type=Path, help="write the markdown plan here too")
     parser.add_argument("--json", type=Path, help="write the plan as JSON here")
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of integers: {text!r}") from None
 
 
 def _options(args: argparse.Namespace) -> PlanOptions:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -17,6 +17,11 @@ class PlanOptions(Out):
     headroom: float = Field(default=0.0, ge=0, le=10)
     asr_calls_per_turn: float = Field(default=1.0, gt=0)
     reply_s_per_turn: float | None = Field(default=None, gt=0)
+    hosts_for: list[Annotated[int, Field(ge=1)]] = Field(
+        default_factory=lambda: [1_000, 10_000, 50_000], min_length=1
+    )
+    gateway_host_cores: int = Field(default=16, ge=2, le=1024)
+    redis_turns_per_s: float | None = Field(default=None, gt=0)
 
 
 class StageLatency(Out):
@@ -57,6 +62,48 @@ class Sizing(Out):
     machines_with_headroom: Figure | None
 
 
+class EngineBasis(Out):
+    """What one engine host (one ASR and one TTS device) carries, in turns per second."""
+
+    label: str
+    gpu: bool
+    turns_per_s: Figure
+
+
+class HostRow(Out):
+    """Hosts for one number of concurrent sessions."""
+
+    sessions: Figure
+    turns_per_s: Figure | None
+    gateway_processes: Figure | None
+    gateway_hosts: Figure | None
+    engine_hosts: list[Figure]
+    """One per `MultiHost.engine_bases`, in order."""
+    redis_masters: Figure | None
+    redis_nodes: Figure | None
+
+
+class SeedRow(Out):
+    seed: str
+    claim: str
+    theirs: str
+    ours: list[Figure]
+    """Ours under the seed's assumptions: one per engine basis (or gateway figure)."""
+    how: str
+
+
+class MultiHost(Out):
+    pace: Figure | None
+    sessions_per_gateway: Figure | None
+    gateways_per_host: Figure
+    redis_turns_per_s: Figure | None
+    engine_bases: list[EngineBasis]
+    rows: list[HostRow]
+    seeds: list[SeedRow]
+    notes: list[str]
+    missing: list[str]
+
+
 class Setup(Out):
     title: str
     machine: str
@@ -70,6 +117,10 @@ class Setup(Out):
     latency: Latency | None
     references: list[ReferenceLatency]
     sizing: list[Sizing]
+    measured_turns_per_s: Figure | None = None
+    """Turns/s at the largest level that stayed real time (the whole stack on this machine)."""
+    engine_turns_per_s: Figure | None = None
+    """ESTIMATE: turns/s one ASR and one TTS device carry, from the engine benchmarks."""
     missing: list[str]
     notes: list[str]
 
@@ -89,3 +140,4 @@ class Plan(Out):
     ignored: list[str]
     setups: list[Setup]
     missing: list[str]
+    multi_host: MultiHost | None = None

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from services.plan.citations import Citations, as_bytes, as_text, cell
-from services.plan.figures import fmt
-from services.plan.model import Plan, PlanOptions, Setup, StageLatency
+from services.plan.figures import OPTIONS_PATH, Figure, fmt
+from services.plan.model import MultiHost, Plan, PlanOptions, Setup, StageLatency
 
 ESTIMATE_NAMES = {
     "asr": "ASR throughput",
@@ -43,6 +43,8 @@ def render_markdown(plan: Plan) -> str:
     ]
     for number, setup in enumerate(plan.setups, 1):
         out += ["", *_setup_markdown(number, setup, o, cite)]
+    if plan.multi_host is not None:
+        out += ["", *_multi_host_markdown(plan.multi_host, cite)]
     if plan.missing:
         out += ["", "## Not measured yet", "", *(f"- {m}" for m in plan.missing)]
     out += ["", "## Inputs", "", "| file | benchmark | command | timestamp | machine |"]
@@ -201,4 +203,58 @@ def _sizing_markdown(setup: Setup, o: PlanOptions, cite: Citations) -> list[str]
                 f"**{as_text(extra)}** {cite(extra)}"
             )
         out.append(line)
+    return out
+
+
+def _figure(figure: Figure | None, cite: Citations) -> str:
+    return cell(as_text(figure), cite(figure)) if figure is not None else "—"
+
+
+def _multi_host_markdown(view: MultiHost, cite: Citations) -> list[str]:
+    pace = f"{as_text(view.pace)} {cite(view.pace)}" if view.pace is not None else "—"
+    out = [
+        "## Many hosts",
+        "",
+        "Gateway hosts, engine hosts (one ASR and one TTS device each, the dual-gpu layout) "
+        "and Redis nodes for each number of concurrent sessions, at "
+        f"{pace} turns per session-minute. Capacities:",
+        "",
+        f"- sessions per gateway process: {_figure(view.sessions_per_gateway, cite)}",
+        f"- gateway processes per host: {_figure(view.gateways_per_host, cite)} "
+        f"({view.gateways_per_host.formula})",
+        f"- turns/s per Redis master: {_figure(view.redis_turns_per_s, cite)}",
+    ]
+    letters = [chr(ord("A") + i) for i in range(len(view.engine_bases))]
+    for letter, basis in zip(letters, view.engine_bases, strict=True):
+        how = f" — {basis.turns_per_s.formula}" if basis.turns_per_s.formula else ""
+        out.append(
+            f"- engine host {letter}: {basis.label}: "
+            f"{_figure(basis.turns_per_s, cite)} turns/s{how}"
+        )
+    head = ["sessions", "turns/s", "gateway processes", "gateway hosts"]
+    head += [f"engine hosts ({letter})" for letter in letters]
+    upper = view.redis_turns_per_s is not None and view.redis_turns_per_s.sources[0].path != (
+        OPTIONS_PATH
+    )
+    head += ["Redis masters" + (" (upper bound)" if upper else ""), "Redis nodes"]
+    out += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in view.rows:
+        cells = [as_text(row.sessions), _figure(row.turns_per_s, cite)]
+        cells += [_figure(row.gateway_processes, cite), _figure(row.gateway_hosts, cite)]
+        cells += [_figure(f, cite) for f in row.engine_hosts] or ["—"] * len(letters)
+        cells += [_figure(row.redis_masters, cite), _figure(row.redis_nodes, cite)]
+        out.append("| " + " | ".join(cells) + " |")
+    if view.rows and view.rows[0].redis_nodes is not None:
+        out += ["", f"Redis nodes: {view.rows[0].redis_nodes.formula}; more masters: Cluster."]
+    out += ["", "### The seeds' estimates beside ours", ""]
+    out += ["| seed | their claim | theirs | ours | how |", "|---|---|---|---|---|"]
+    for seed in view.seeds:
+        ours = "; ".join(
+            f"{letter}: {_figure(f, cite)}" for letter, f in zip(letters, seed.ours, strict=False)
+        )
+        out.append(f"| {seed.seed} | {seed.claim} | {seed.theirs} | {ours or '—'} | {seed.how} |")
+    if view.notes:
+        out += ["", *(f"- {note}" for note in view.notes)]
+    if view.missing:
+        out += ["", *(f"- missing: {line}" for line in view.missing)]
     return out
