@@ -6,9 +6,9 @@ cuts a speaker off, and what that does to voice-to-voice latency.
 The set: ten sentences, each spoken whole (a *complete* turn) and cut mid-phrase or after
 a filler (an *incomplete* one: the speaker stops for `--gap-ms`, then says the rest), each
 in one espeak-ng voice and one Piper voice at different rates — 40 utterances. The cut is
-made in the audio of the whole sentence (at a word boundary that faster-whisper's word
-timestamps find), so the fragment keeps the rising, unfinished prosody of speech that goes
-on; synthesizing the fragment as its own text would end it like a sentence.
+made in the audio of the whole sentence (at the quiet between two words nearest where the
+fragment, said alone, ends), so the fragment keeps the unfinished prosody of speech that
+goes on; the fragment synthesized as its own text would end like a sentence.
 
 Per configuration, a fresh lite stack (faster-whisper tiny.en + Piper + echo agent, as
 `voice-agent up` runs it) hears the whole set through /v1/stream in one session:
@@ -28,27 +28,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
-from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
-import numpy.typing as npt
 
 from benchmarks.report import summary, write
 from benchmarks.stack import lite_stack
+from benchmarks.voices import RATE, Audio, Voice, espeak, piper
 from services.client.stream import Received, StreamClient
-from services.common.audio import resample
-from services.tts.engines.base import SpeechRequest
-from services.tts.engines.piper import PiperEngine
-from services.tts.settings import PiperSettings
-from tests.speech import speak
-
-Audio = npt.NDArray[np.float32]
-RATE = 16000
 
 # (sentence, the word the continuation starts with: the cut falls just before it)
 SET: list[tuple[str, str]] = [
@@ -75,30 +65,11 @@ CONFIGS: dict[str, dict[str, str]] = {
 }
 
 
-@cache
-def _piper() -> PiperEngine:
-    engine = PiperEngine(PiperSettings())
-    engine.load()
-    return engine
-
-
-def _piper_voice(speed: float) -> Callable[[str], Audio]:
-    def say(text: str) -> Audio:
-        request = SpeechRequest(text=text, voice="joe", speed=speed)
-        audio = np.concatenate(list(_piper().synthesize(request)))
-        return resample(audio, _piper().sample_rate, RATE)
-
-    return say
-
-
-ESPEAK: dict[str, Callable[[str], Audio]] = {
-    "espeak en-us 160 wpm": lambda text: speak(text, RATE, "en-us", 160),
-    "espeak en-gb 190 wpm": lambda text: speak(text, RATE, "en-gb", 190),
+ESPEAK: dict[str, Voice] = {
+    "espeak en-us 160 wpm": espeak("en-us", 160),
+    "espeak en-gb 190 wpm": espeak("en-gb", 190),
 }
-PIPER: dict[str, Callable[[str], Audio]] = {
-    "piper joe 1.0": _piper_voice(1.0),
-    "piper joe 1.2": _piper_voice(1.2),
-}
+PIPER: dict[str, Voice] = {"piper joe 1.0": piper(1.0), "piper joe 1.2": piper(1.2)}
 
 
 @dataclass
@@ -109,102 +80,132 @@ class Utterance:
     first: Audio  # the whole sentence, or the fragment before the pause
     rest: Audio | None  # the continuation after the pause (incomplete only)
     fragment_text: str
-    cut_found: bool
 
 
-def _norm(word: str) -> str:
-    return re.sub(r"[^a-z0-9']", "", word.lower())
+def _speech_end(audio: Audio, floor: float = 0.01) -> int:
+    """The sample after the last one louder than `floor`."""
+    loud = np.flatnonzero(np.abs(audio) > floor)
+    return int(loud[-1]) + 1 if loud.size else 0
 
 
-@cache
-def _whisper() -> Any:
-    from faster_whisper import WhisperModel
+def cut_point(audio: Audio, fragment: Audio) -> int:
+    """Where the fragment's words end inside the whole sentence's audio.
 
-    from services.asr.engines.whisper import TINY_EN
-
-    return WhisperModel(str(TINY_EN.verify()), device="cpu", compute_type="int8")
-
-
-def cut_point(audio: Audio, sentence: str, word: str) -> tuple[int, bool]:
-    """The sample just before `word` (midway between it and the word before), found with
-    word timestamps; (a share of the text's length, False) if the word was not heard."""
-    segments, _ = _whisper().transcribe(audio, language="en", word_timestamps=True, beam_size=1)
-    heard = [w for segment in segments for w in segment.words or []]
-    target = _norm(word)
-    for i, found in enumerate(heard):
-        if _norm(found.word) == target and i > 0:
-            boundary = (heard[i - 1].end + found.start) / 2
-            return int(boundary * RATE), True
-    share = sentence.index(word) / len(sentence)
-    return int(share * audio.size), False
+    The fragment said alone lasts about as long as the same words inside the sentence
+    (a little longer: its last word is drawn out as a sentence's end is); the cut is the
+    quietest 10 ms within 120 ms before to 80 ms after that estimate, which is the gap
+    between two words wherever the voice leaves one."""
+    estimate = _speech_end(fragment)
+    hop = RATE // 100
+    lo, hi = (
+        max(hop, estimate - RATE * 12 // 100),
+        min(audio.size - hop, estimate + RATE * 8 // 100),
+    )
+    starts = range(lo, hi, hop // 2)
+    energy = [float(np.sqrt(np.mean(audio[i : i + hop] ** 2))) for i in starts]
+    return starts[int(np.argmin(energy))] + hop // 2
 
 
 def labelled_set() -> list[Utterance]:
     out = []
     espeak, piper = list(ESPEAK), list(PIPER)
     for i, (sentence, word) in enumerate(SET):
-        fragment_text = sentence[: sentence.index(f" {word} ") if f" {word} " in sentence else 0]
+        fragment_text = sentence[: sentence.index(f" {word} ")]
         for voice in (espeak[i % 2], piper[(i // 2) % 2]):
             say = ESPEAK.get(voice) or PIPER[voice]
             audio = say(sentence)
-            out.append(Utterance(sentence, voice, True, audio, None, sentence, True))
-            cut, found = cut_point(audio, sentence, word)
-            out.append(
-                Utterance(sentence, voice, False, audio[:cut], audio[cut:], fragment_text, found)
-            )
+            out.append(Utterance(sentence, voice, True, audio, None, sentence))
+            cut = cut_point(audio, say(fragment_text))
+            out.append(Utterance(sentence, voice, False, audio[:cut], audio[cut:], fragment_text))
     return out
 
 
 async def hear(url: str, utterances: list[Utterance], gap_ms: int) -> list[dict[str, Any]]:
     rows = []
+    audio_at: list[float] = []
     async with StreamClient(url) as client:
+        client.on_message = lambda now, message: (
+            audio_at.append(now) if isinstance(message, bytes) else None
+        )
         await client.silence(1.0)
         for utterance in utterances:
             turn = client.new_turn()
+            audio_at.clear()
             await client.speak(utterance.first, RATE)
             if utterance.rest is not None:
                 await client.speak(utterance.rest, RATE, lead_silence_ms=gap_ms)
             end = turn.last_speech_sent_at or 0.0
-            timed_out = await _first_audio_then_cancel(client, turn)
-            rows.append(_row(utterance, turn, end, timed_out))
+            answer = await _answer_then_cancel(client, turn, end, audio_at)
+            rows.append(_row(utterance, turn, end, answer, audio_at))
             await client.silence(0.6)
     return rows
 
 
-async def _first_audio_then_cancel(client: StreamClient, turn: Received) -> bool:
-    """Stream silence until the agent's first audio, cancel it, wait for its end.
+def _answer(turn: Received, end: float, audio_at: list[float]) -> tuple[float, str] | None:
+    """The response to the whole utterance (created after its last speech frame) once its
+    first audio is here: (when it was created, its id)."""
+    for at, event in turn.events:
+        started = event.get("type") == "response.created" and at >= end
+        if started and any(t >= at for t in audio_at):
+            return at, str(event["response_id"])
+    return None
 
-    True when the time ran out first (no audio, or no `response.done`)."""
-    heard = await client.silence_while(lambda: turn.first_audio_at is None, timeout_s=15)
+
+async def _answer_then_cancel(
+    client: StreamClient, turn: Received, end: float, audio_at: list[float]
+) -> str | None:
+    """Stream silence until the answer's first audio, cancel the answer, wait for its end.
+
+    The answer's id, or None when none came in time."""
+    await client.silence_while(lambda: _answer(turn, end, audio_at) is None, timeout_s=15)
+    answer = _answer(turn, end, audio_at)
     await client.send({"type": "response.cancel"})
-    try:
-        await client.silence_until("response.done", 10)
-    except TimeoutError:
-        return True
-    return not heard
+    if answer is None:
+        return None
+    await client.silence_until(
+        "response.done", 10, predicate=lambda e: e.get("response_id") == answer[1]
+    )
+    return answer[1]
 
 
-def _row(utterance: Utterance, turn: Received, end: float, timed_out: bool) -> dict[str, Any]:
+def _row(
+    utterance: Utterance,
+    turn: Received,
+    end: float,
+    answer: str | None,
+    audio_at: list[float],
+) -> dict[str, Any]:
     def ms(at: float | None) -> float | None:
         return None if at is None else round((at - end) * 1000, 1)
 
-    stopped = [t for t, e in turn.events if e.get("type") == "speech.stopped"]
-    created = [t for t, e in turn.events if e.get("type") == "response.created"]
-    finals = [e["text"] for _, e in turn.events if e.get("type") == "transcript.final"]
+    def times(kind: str) -> list[float]:
+        return [t for t, e in turn.events if e.get("type") == kind]
+
+    stopped, created, finals = (
+        times("speech.stopped"),
+        times("response.created"),
+        times("transcript.final"),
+    )
+    answered_at = next(
+        (t for t, e in turn.events if e.get("response_id") == answer and t in created), None
+    )
+    first_audio = (
+        None if answered_at is None else next((t for t in audio_at if t >= answered_at), None)
+    )
     cut_off = bool(created) and bool(stopped) and created[0] < stopped[-1]
     return {
         "sentence": utterance.sentence,
         "voice": utterance.voice,
         "complete": utterance.complete,
-        "cut_found": utterance.cut_found,
         "fragment": None if utterance.complete else utterance.fragment_text,
-        "transcripts": finals,
+        "transcripts": [e["text"] for _, e in turn.events if e.get("type") == "transcript.final"],
         "false_cut_off": None if utterance.complete else cut_off,
+        "responses": len(created),
         "end_of_turn_ms": ms(stopped[-1] if stopped else None),
-        "transcript_final_ms": ms(turn.time_of("transcript.final")),
-        "response_created_ms": ms(created[-1] if created else None),
-        "voice_to_voice_ms": ms(turn.first_audio_at),
-        "timed_out": timed_out,
+        "transcript_final_ms": ms(finals[-1] if finals else None),
+        "response_created_ms": ms(answered_at),
+        "voice_to_voice_ms": ms(first_audio),
+        "timed_out": answer is None,
     }
 
 
@@ -220,6 +221,29 @@ def smart_turn_scores(utterances: list[Utterance]) -> list[dict[str, Any]]:
         {"sentence": u.sentence, "voice": u.voice, "complete": u.complete, "p": round(p, 4)}
         for u, p in zip(utterances, scores, strict=True)
     ]
+
+
+def gateway_counters(base_url: str) -> dict[str, Any]:
+    """The gateway's speculation and turn-model counters, from its /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{base_url}/metrics", timeout=10).text
+    found: dict[str, dict[str, float]] = {"speculative_asr": {}, "turn_model": {}}
+    names = {"va_gateway_speculative_asr": "speculative_asr", "va_gateway_turn_model": "turn_model"}
+    for family in text_string_to_metric_families(text):
+        key = names.get(family.name)
+        if key is None:
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                label = sample.labels.get("outcome") or sample.labels.get("decision", "")
+                found[key][label] = sample.value
+    speculations = sum(found["speculative_asr"].values())
+    wasted = found["speculative_asr"].get("wasted", 0.0)
+    return {
+        **found,
+        "speculation_wasted_rate": round(wasted / speculations, 3) if speculations else None,
+    }
 
 
 def tabulate(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -280,17 +304,19 @@ def main() -> None:
     utterances = labelled_set()
     order = np.random.default_rng(7).permutation(len(utterances))
     utterances = [utterances[i] for i in order]
-    print(
-        f"{len(utterances)} utterances; cuts found by word timestamps: "
-        f"{sum(u.cut_found for u in utterances if not u.complete)}/{len(utterances) // 2}"
-    )
+    print(f"{len(utterances)} utterances")
     scores = smart_turn_scores(utterances)
     results: dict[str, Any] = {}
     for name in args.configs:
         with lite_stack(CONFIGS[name]) as urls:
             url = urls["gateway"].replace("http", "ws") + "/v1/stream"
             rows = asyncio.run(hear(url, utterances, args.gap_ms))
-        results[name] = {"env": CONFIGS[name], "summary": tabulate(rows), "turns": rows}
+            counters = gateway_counters(urls["gateway"])
+        results[name] = {
+            "env": CONFIGS[name],
+            "summary": {**tabulate(rows), **counters},
+            "turns": rows,
+        }
         print(name, json.dumps(results[name]["summary"]), flush=True)
     result = {
         "benchmark": "turn_taking",

@@ -19,52 +19,26 @@ import argparse
 import asyncio
 import json
 import os
-from collections.abc import Callable
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 import httpx
 import jiwer
-import numpy as np
-import numpy.typing as npt
 
 from benchmarks.report import summary, write
 from benchmarks.stack import lite_stack
+from benchmarks.voices import Voice, espeak, piper
 from services.client.stream import StreamClient
 from services.common.audio import encode_audio, pcm16_to_float, resample
 from services.loadtest.corpus import SENTENCES
 from services.loadtest.stats import words
-from services.tts.engines.base import SpeechRequest
-from services.tts.engines.piper import PiperEngine
-from services.tts.settings import PiperSettings
-from tests.speech import speak
 
-Audio = npt.NDArray[np.float32]
-
-
-@cache
-def _piper() -> PiperEngine:
-    engine = PiperEngine(PiperSettings())
-    engine.load()
-    return engine
-
-
-def _piper_voice(speed: float) -> Callable[[str], Audio]:
-    def say(text: str) -> Audio:
-        request = SpeechRequest(text=text, voice="joe", speed=speed)
-        audio = np.concatenate(list(_piper().synthesize(request)))
-        return resample(audio, _piper().sample_rate, 16000)
-
-    return say
-
-
-VOICES: dict[str, Callable[[str], Audio]] = {
-    "espeak en-us 160 wpm": lambda text: speak(text, 16000, "en-us", 160),
-    "espeak en-us 190 wpm": lambda text: speak(text, 16000, "en-us", 190),
-    "espeak en-gb 150 wpm": lambda text: speak(text, 16000, "en-gb", 150),
-    "piper joe 1.0": _piper_voice(1.0),
-    "piper joe 1.2": _piper_voice(1.2),
+VOICES: dict[str, Voice] = {
+    "espeak en-us 160 wpm": espeak("en-us", 160),
+    "espeak en-us 190 wpm": espeak("en-us", 190),
+    "espeak en-gb 150 wpm": espeak("en-gb", 150),
+    "piper joe 1.0": piper(1.0),
+    "piper joe 1.2": piper(1.2),
 }
 
 
