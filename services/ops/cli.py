@@ -80,6 +80,9 @@ def _service_urls() -> dict[str, str]:
 def up(args: argparse.Namespace) -> None:
     """Start everything, print where to connect, stop everything on Ctrl-C or SIGTERM."""
     signal.signal(signal.SIGTERM, _interrupt)
+    # Ctrl-C stops everything even where `up` was started with SIGINT ignored (a
+    # background job of a script inherits that, and Python then keeps ignoring it)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     settings = load_settings("gateway")
     procs: list[subprocess.Popen[bytes]] = []
     if not reachable(settings.redis.url):
