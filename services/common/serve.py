@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import uvicorn
 
+from services.common.auth import exposure_problem
 from services.common.settings import BaseServiceSettings, ServerSettings
 from services.common.upgrade import KeepUpgradeTail
 
@@ -56,6 +57,9 @@ def run_service(
         server.host = args.host
     if args.port:
         server.port = args.port
+    problem = exposure_problem(settings.auth, server.host)
+    if problem:
+        raise SystemExit(f"voice-agent {name}: {problem}")
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

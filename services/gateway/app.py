@@ -5,19 +5,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
+from typing import Any
 
 import httpx
 from fastapi import FastAPI, Query, WebSocket
 
+from services.common import metrics as common_metrics
+from services.common.auth import app_subprotocol
 from services.common.bus import connect
-from services.common.errors import CapacityError, VoiceAgentError
+from services.common.errors import CapacityError, Forbidden, VoiceAgentError
 from services.common.events import SessionConfig, SessionCreated
+from services.common.guard import meter_of, principal_of, refuse_handshake
 from services.common.jobs import BusResult
 from services.common.lifecycle import Background
 from services.common.listener import HearingBatcher, Listener
 from services.common.service import ServiceState, install_ops
+from services.common.tokens_api import install_auth
 from services.common.vad import SileroVad
 from services.common.ws import Channel, Disconnected
 from services.gateway import metrics
@@ -30,6 +35,17 @@ from services.gateway.store import SessionStore
 from services.gateway.turn_end import EndOfTurn, create_policy, listening
 
 log = logging.getLogger(__name__)
+
+
+def token_settings(
+    config: SessionConfig, asked: Mapping[str, Any], agents: Mapping[str, object]
+) -> SessionConfig:
+    """A new session's settings with those its client token carries (an agent this gateway
+    does not have is left at the default)."""
+    update = {k: v for k, v in asked.items() if k in ("voice", "language", "instructions")}
+    if asked.get("agent") in agents:
+        update["agent"] = asked["agent"]
+    return config.model_copy(update=update) if update else config
 
 
 def create_app(
@@ -99,10 +115,18 @@ def create_app(
 
     app = FastAPI(title="voice-agent gateway", lifespan=lifespan)
     install_ops(app, state)
+    install_auth(app, settings.auth, redis, settings.redis.prefix, "gateway")
 
     @app.websocket("/v1/stream")
     async def stream(ws: WebSocket, session_id: str | None = Query(None, max_length=64)) -> None:
-        await ws.accept()
+        principal = principal_of(ws)
+        try:
+            restored = await store.load(session_id, principal.tenant) if session_id else None
+        except Forbidden as exc:  # another tenant's id: no session, not even an accept
+            common_metrics.AUTH_REFUSED.labels("gateway", exc.code).inc()
+            await refuse_handshake(ws, exc)
+            return
+        await ws.accept(subprotocol=app_subprotocol(ws.scope.get("subprotocols")))
         channel = Channel(ws, "gateway", section.server.ws_max_frame_bytes)
         if state.draining or len(sessions) >= section.max_sessions:
             metrics.SESSIONS_REFUSED.labels("draining" if state.draining else "capacity").inc()
@@ -114,8 +138,8 @@ def create_app(
             agent=section.default_agent,
             language=section.default_language,
         )
+        config = token_settings(config, principal.session, agents)
         history: list[Turn] = []
-        restored = await store.load(session_id) if session_id else None
         if restored is not None and restored[0].id not in sessions:
             config, history = restored
             config = config.model_copy(update={"resumed": True})
@@ -138,6 +162,7 @@ def create_app(
                     end_of_turn=end_of_turn,
                 )
                 session.history = history
+                session.tenant, session.meter = principal.tenant, meter_of(ws)
                 sessions[config.id] = session
                 await channel.send(SessionCreated(session=config))
                 await session.serve()
@@ -151,7 +176,7 @@ def create_app(
         finally:
             ended = sessions.pop(config.id, None)
             if ended is not None:
-                await store.save(ended.config, ended.history)
+                await store.save(ended.config, ended.history, principal.tenant)
             metrics.SESSIONS.dec()
             state.connection_closed()
 
