@@ -3,6 +3,7 @@
 voice-agent up                       Redis (if none) + ASR + TTS + gateway, until Ctrl-C
 voice-agent asr|tts|gateway [--port] one service
 voice-agent client --wav FILE        talk to the agent with a wav file
+voice-agent keys create|list|revoke  API keys (authentication; docs/auth.md)
 voice-agent doctor                   check GPUs, models, Redis, ports and nginx
 voice-agent models pull NAME [--dir] download model weights (models list: the names)
 voice-agent loadtest --sessions 1,5,10 simulated users against /v1/stream; JSON + plots
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import os
 import signal
 import subprocess
 import sys
@@ -27,9 +29,11 @@ from typing import Any
 
 import httpx
 
+from services.common.auth import is_loopback
 from services.common.extras import MissingExtra
 from services.loadtest.cli import add_loadtest_command
 from services.ops.doctor import add_parser as add_doctor_command
+from services.ops.keys import add_keys_command
 from services.ops.models import add_models_command
 from services.ops.redis_server import reachable, start_redis
 from services.ops.registry import SERVICES, load_settings, server_section
@@ -76,6 +80,21 @@ def _service_urls() -> dict[str, str]:
     return urls
 
 
+def _service_env() -> dict[str, str]:
+    """The services' environment: authentication off when every service binds loopback
+    and the setting is not given (`make run` on a laptop needs no key), else as set."""
+    env = dict(os.environ)
+    hosts = [server_section(load_settings(name), name).host for name in SERVICES]
+    if "VA_AUTH__REQUIRED" not in env and all(is_loopback(host) for host in hosts):
+        env["VA_AUTH__REQUIRED"] = "false"
+        print(
+            "authentication is off: every service listens on loopback only "
+            "(set VA_AUTH__REQUIRED=true to try keys; see docs/auth.md)",
+            flush=True,
+        )
+    return env
+
+
 def up(args: argparse.Namespace) -> None:
     """Start everything, print where to connect, stop everything on Ctrl-C or SIGTERM."""
     signal.signal(signal.SIGTERM, _interrupt)
@@ -86,9 +105,10 @@ def up(args: argparse.Namespace) -> None:
         print(f"no Redis at {settings.redis.url}: starting one on port {port}", flush=True)
         procs.append(start_redis(port, Path(args.state_dir) / "redis"))
     urls = _service_urls()
+    env = _service_env()
     try:
         for name in SERVICES:
-            procs.append(subprocess.Popen([sys.executable, "-m", SERVICES[name].module]))
+            procs.append(subprocess.Popen([sys.executable, "-m", SERVICES[name].module], env=env))
         wait_ready(urls, procs[-len(SERVICES) :], STARTUP_TIMEOUT_S)
         agent = urls["gateway"].replace("http://", "ws://") + "/v1/stream"
         print(
@@ -161,6 +181,7 @@ def parser() -> argparse.ArgumentParser:
     p_config = sub.add_parser("config", help="print every setting, its default and meaning")
     p_config.add_argument("--markdown", action="store_true", help="(the only format for now)")
     p_config.set_defaults(func=config)
+    add_keys_command(sub)
     add_doctor_command(sub)
     add_models_command(sub)
     add_loadtest_command(sub)
