@@ -79,7 +79,9 @@ async def refuse_handshake(ws: WebSocket, exc: VoiceAgentError) -> None:
 
 def origin_allowed(scope: Scope, allowed: list[str]) -> bool:
     """No Origin (not a browser), the page's own host, or one of `allowed` (`*`: any)."""
-    headers = {k.lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
+    headers = {
+        k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())
+    }
     origin = headers.get("origin")
     if origin is None or "*" in allowed:
         return True
