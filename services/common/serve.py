@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import uvicorn
 
 from services.common.auth import exposure_problem
+from services.common.redact import install_redaction
 from services.common.settings import BaseServiceSettings, ServerSettings
 from services.common.upgrade import KeepUpgradeTail
 
@@ -63,4 +64,6 @@ def run_service(
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    uvicorn.Server(uvicorn_config(create_app(settings), server, settings.log_level)).run()
+    config = uvicorn_config(create_app(settings), server, settings.log_level)
+    install_redaction()  # after uvicorn configured its loggers and handlers
+    uvicorn.Server(config).run()

@@ -14,6 +14,7 @@ from services.common.auth import APP_SUBPROTOCOL, TOKEN_SUBPROTOCOL, AuthSetting
 from services.common.errors import Forbidden
 from services.common.guard import AuthGuard, principal_of
 from services.common.keys import KeyStore
+from services.common.redact import install_redaction
 
 
 class TokenSession(BaseModel):
@@ -39,6 +40,7 @@ def install_auth(
 ) -> None:
     """Guard every route of `app`, answer CORS for the configured origins, and serve
     `POST /v1/sessions`."""
+    install_redaction()
     keys = KeyStore(redis, prefix, settings.token_secret.get_secret_value())
     app.add_middleware(AuthGuard, settings=settings, redis=redis, prefix=prefix, service=service)
     if settings.allowed_origins:  # outermost: preflights are answered before the guard
