@@ -55,9 +55,17 @@ class Limits(BaseModel):
         return defaults.model_copy(update=mine)
 
 
-DEFAULT_LIMITS: Final = Limits(
-    sessions=20, sessions_per_minute=60, requests_per_minute=600, audio_seconds_per_day=36_000
-)
+class DefaultLimits(Limits):
+    """The deployment's limits for every tenant whose key sets none (docs/auth.md: why)."""
+
+    sessions: int | None = Field(default=20, ge=0, le=1_000_000)
+    """Concurrent WebSocket sessions per tenant (one host serves 30-100)."""
+    sessions_per_minute: int | None = Field(default=60, ge=0, le=1_000_000)
+    """New WebSocket sessions per tenant per minute (a reconnect loop is stopped)."""
+    requests_per_minute: int | None = Field(default=600, ge=0, le=10_000_000)
+    """REST requests per tenant per minute."""
+    audio_seconds_per_day: int | None = Field(default=36_000, ge=0, le=100_000_000)
+    """Seconds of audio heard per tenant per UTC day (10 h)."""
 
 
 class AuthSettings(BaseModel):
@@ -76,7 +84,7 @@ class AuthSettings(BaseModel):
     API (CORS); same-origin pages and clients that send no Origin always may. `*`: any."""
     protect_ops: bool = False
     """`/metrics` and /health's details need a credential too (/health still says healthy)."""
-    limits: Limits = DEFAULT_LIMITS
+    limits: DefaultLimits = DefaultLimits()
     """Default limits of every tenant (a key may set its own)."""
 
     @field_validator("token_secret")

@@ -154,3 +154,12 @@ def test_keys_create_list_revoke(
         cli.main(["keys", "revoke", "000000000000"])
     with pytest.raises(SystemExit, match="tenant"):
         cli.main(["keys", "create", "--tenant", "bad tenant!"])
+
+
+def test_one_limit_from_the_environment_keeps_the_other_defaults(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("VA_AUTH__LIMITS__SESSIONS", "5")
+    limits = GatewaySettings().auth.limits
+    assert (limits.sessions, limits.sessions_per_minute, limits.requests_per_minute) == (5, 60, 600)
+    assert limits.audio_seconds_per_day == 36_000
