@@ -152,7 +152,9 @@ def client(args: argparse.Namespace) -> None:
     """Talk to the agent with a wav file."""
     from services.client.stream import talk
 
-    asyncio.run(talk(args.url, Path(args.wav), Path(args.out) if args.out else None, args.timeout))
+    out = Path(args.out) if args.out else None
+    key = os.environ.get("VA_API_KEY") or None  # from the environment: never in `ps` or history
+    asyncio.run(talk(args.url, Path(args.wav), out, args.timeout, key))
 
 
 def config(args: argparse.Namespace) -> None:
@@ -172,7 +174,10 @@ def parser() -> argparse.ArgumentParser:
     for service in SERVICES:
         p = sub.add_parser(service, help=f"run the {service} service", add_help=False)
         p.set_defaults(func=None, service=service)
-    p_client = sub.add_parser("client", help="stream a wav file to /v1/stream")
+    p_client = sub.add_parser(
+        "client",
+        help="stream a wav file to /v1/stream (an API key, if needed, in VA_API_KEY)",
+    )
     p_client.add_argument("--wav", required=True, help="a 16-bit PCM wav file")
     p_client.add_argument("--url", default="ws://127.0.0.1:8000/v1/stream")
     p_client.add_argument("--out", default="reply.wav", help="where to save the agent's audio")

@@ -22,9 +22,10 @@ from websockets.exceptions import InvalidStatus
 
 from services.asr.app import create_app as asr_app
 from services.asr.settings import AsrSettings
+from services.client.stream import StreamClient
 from services.common import auth
 from services.common.audio import encode_audio
-from services.common.auth import AuthSettings, Limits, sign_token
+from services.common.auth import AuthSettings, DefaultLimits, Limits, sign_token
 from services.common.bus import Keys
 from services.common.bus import connect as redis_connect
 from services.common.keys import KeyStore
@@ -44,7 +45,7 @@ AUTH = AuthSettings(
     token_secret=SecretStr(SECRET),
     allowed_origins=[ORIGIN],
     protect_ops=True,
-    limits=Limits(
+    limits=DefaultLimits(
         sessions=50,
         sessions_per_minute=10_000,
         requests_per_minute=10_000,
@@ -336,3 +337,11 @@ async def test_the_daily_audio_quota(stack: AuthStack) -> None:
     assert (status, body["error"]["code"]) == (429, "quota_exceeded")
     response = await rest(stack, "/v1/audio/transcriptions", bearer(key))
     assert response.status_code == 429 and int(response.headers["Retry-After"]) >= 1
+
+
+async def test_the_python_client_sends_its_key(stack: AuthStack) -> None:
+    async with StreamClient(stack.url("/v1/stream"), api_key=stack.key) as client:
+        assert client.session["id"].startswith("sess")
+    with pytest.raises(InvalidStatus):
+        async with StreamClient(stack.url("/v1/stream")):
+            pass

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from services.common.auth import TOKEN_SUBPROTOCOL, AuthSettings, Limits, sign_token
+from services.common.auth import TOKEN_SUBPROTOCOL, AuthSettings, DefaultLimits, sign_token
 from services.common.bus import connect
 from services.common.guard import AuthGuard
 from services.common.keys import KeyStore
@@ -25,7 +25,7 @@ SETTINGS = AuthSettings(
     required=True,
     token_secret=SecretStr(SECRET),
     allowed_origins=["https://ok.example"],
-    limits=Limits(
+    limits=DefaultLimits(
         sessions=10**6,
         sessions_per_minute=10**6,
         requests_per_minute=10**7,
