@@ -16,6 +16,7 @@ import httpx
 import numpy as np
 import pytest
 import websockets
+from openai import AuthenticationError, OpenAI
 from pydantic import SecretStr
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus
@@ -332,7 +333,7 @@ async def test_the_daily_audio_quota(stack: AuthStack) -> None:
                     events.append(json.loads(message))
         errors = [e for e in events if e.get("type") == "error"]
         assert errors[-1]["code"] == "quota_exceeded" and errors[-1]["fatal"]
-        assert ws.close_code == 1008
+        assert ws.close_code == 1008 and "quota" in (ws.close_reason or "")
     status, body = await refused_handshake(url, additional_headers=bearer(key))
     assert (status, body["error"]["code"]) == (429, "quota_exceeded")
     response = await rest(stack, "/v1/audio/transcriptions", bearer(key))
@@ -345,3 +346,24 @@ async def test_the_python_client_sends_its_key(stack: AuthStack) -> None:
     with pytest.raises(InvalidStatus):
         async with StreamClient(stack.url("/v1/stream")):
             pass
+
+
+def test_the_openai_sdk_authenticates_with_a_key(stack: AuthStack) -> None:
+    tts = OpenAI(base_url=f"{stack.tts.http}/v1", api_key=stack.key, max_retries=0)
+    speech = tts.audio.speech.create(model="tts-1", voice="alloy", input="hello there")
+    assert len(speech.content) > 1000
+    refused = OpenAI(base_url=f"{stack.tts.http}/v1", api_key="sk-not-ours", max_retries=0)
+    with pytest.raises(AuthenticationError):
+        refused.audio.speech.create(model="tts-1", voice="alloy", input="hello there")
+
+
+async def test_the_asr_stream_closes_when_the_quota_runs_out(stack: AuthStack) -> None:
+    _, key = await new_key(stack.redis, "tinyco", audio_seconds_per_day=1)
+    frame = np.zeros(320, np.int16).tobytes()  # 20 ms
+    async with session(stack.url("/v1/stream/asr"), additional_headers=bearer(key)) as (ws, _):
+        with pytest.raises(websockets.ConnectionClosed):
+            for _ in range(200):  # 4 s
+                await ws.send(frame)
+            while True:
+                await asyncio.wait_for(ws.recv(), 10)
+        assert ws.close_code == 1008 and "quota" in (ws.close_reason or "")
