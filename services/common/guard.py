@@ -128,8 +128,8 @@ class AuthGuard:
 
     def _open(self, path: str, scope: Scope) -> bool:
         if path in LOCAL_PATHS:
-            client = scope.get("client")
-            return bool(client) and is_loopback(str(client[0]))
+            client: tuple[str, int] | None = scope.get("client")
+            return client is not None and is_loopback(str(client[0]))
         return path in OPEN_PATHS or (path == "/metrics" and not self.settings.protect_ops)
 
     async def _admit(self, scope: Scope) -> bool:

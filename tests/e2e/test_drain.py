@@ -10,8 +10,10 @@ import json
 import httpx
 import pytest
 import websockets
+from redis.asyncio import Redis
 
-from services.common.auth import is_loopback
+from services.common.auth import AuthSettings, is_loopback
+from services.common.guard import AuthGuard
 from services.gateway.app import create_app
 from services.gateway.settings import GatewaySettings
 from services.ops.cli import main as cli_main
@@ -81,3 +83,17 @@ def test_drain_cli_fails_when_no_gateway_answers() -> None:
 )
 def test_only_loopback_callers_may_drain(host: str, local: bool) -> None:
     assert is_loopback(host) is local
+
+
+@pytest.mark.parametrize(
+    ("client", "open_"), [(("127.0.0.1", 5000), True), (("10.0.0.7", 5000), False)]
+)
+def test_with_auth_on_the_drain_needs_no_key_from_this_host_only(
+    client: tuple[str, int], open_: bool
+) -> None:
+    """The preStop hook has no key: the guard lets loopback callers reach /admin/drain."""
+    redis = Redis.from_url("redis://127.0.0.1:1/0")  # never reached: no request is made
+    guard = AuthGuard(None, AuthSettings(required=True), redis, "va", "gateway")  # type: ignore[arg-type]
+    scope = {"type": "http", "path": "/admin/drain", "client": client}
+    assert guard._open("/admin/drain", scope) is open_
+    assert guard._open("/v1/stream", scope) is False
