@@ -23,9 +23,12 @@ from services.common.ws import Channel, Disconnected
 from services.gateway import metrics
 from services.gateway.agent import AGENTS, Agent, Turn
 from services.gateway.bus import GatewayBus
+from services.gateway.handshake import read_handshake
 from services.gateway.llm import OpenAiAgent
+from services.gateway.realtime import REALTIME_SESSION, RealtimeChannel
 from services.gateway.session import Session, new_id
 from services.gateway.settings import GatewaySettings
+from services.gateway.static import static_router
 from services.gateway.store import SessionStore
 from services.gateway.turn_end import EndOfTurn, create_policy, listening
 
@@ -100,19 +103,29 @@ def create_app(
     app = FastAPI(title="voice-agent gateway", lifespan=lifespan)
     install_ops(app, state)
 
-    @app.websocket("/v1/stream")
-    async def stream(ws: WebSocket, session_id: str | None = Query(None, max_length=64)) -> None:
-        await ws.accept()
-        channel = Channel(ws, "gateway", section.server.ws_max_frame_bytes)
+    async def admit(ws: WebSocket, make_channel: Callable[[WebSocket], Channel]) -> Channel | None:
+        """The one handshake and admission of every session endpoint: the place to check
+        `read_handshake(ws).credential` (issue 13) so `/v1/stream` and `/v1/realtime`
+        share it. None when the client was refused (already told and closed)."""
+        handshake = read_handshake(ws)
+        await ws.accept(subprotocol=handshake.subprotocol)
+        channel = make_channel(ws)
         if state.draining or len(sessions) >= section.max_sessions:
             metrics.SESSIONS_REFUSED.labels("draining" if state.draining else "capacity").inc()
             await channel.fail(CapacityError("gateway at capacity; retry after 1 s"))
-            return
+            return None
+        return channel
+
+    async def run_session(
+        channel: Channel, session_id: str | None, initial: dict[str, object] | None = None
+    ) -> None:
+        """One conversation on an admitted channel, until the client leaves."""
         config = SessionConfig(
             id=new_id("sess"),
             voice=section.default_voice,
             agent=section.default_agent,
             language=section.default_language,
+            **(initial or {}),
         )
         history: list[Turn] = []
         restored = await store.load(session_id) if session_id else None
@@ -154,6 +167,23 @@ def create_app(
                 await store.save(ended.config, ended.history)
             metrics.SESSIONS.dec()
             state.connection_closed()
+
+    max_frame = section.server.ws_max_frame_bytes
+
+    @app.websocket("/v1/stream")
+    async def stream(ws: WebSocket, session_id: str | None = Query(None, max_length=64)) -> None:
+        channel = await admit(ws, lambda ws: Channel(ws, "gateway", max_frame))
+        if channel is not None:
+            await run_session(channel, session_id)
+
+    @app.websocket("/v1/realtime")
+    async def realtime(ws: WebSocket) -> None:
+        beta = "realtime=v1" in ws.headers.get("openai-beta", "")
+        channel = await admit(ws, lambda ws: RealtimeChannel(ws, max_frame, beta=beta, vad=vad))
+        if channel is not None:
+            await run_session(channel, None, REALTIME_SESSION)
+
+    app.include_router(static_router(section))
 
     app.state.sessions = sessions
     app.state.gateway_id = gateway_id
