@@ -1,0 +1,192 @@
+"""The page at `/` in a real headless Chromium (Debian's `chromium`, driven by Playwright),
+against the lite stack (Whisper tiny.en, Piper): a fake microphone plays an espeak-ng wav
+in a loop, and the test waits on the page's own state (window.voiceAgent).
+
+Artefacts, each run: var/artifacts/browser/page.png (the page after the conversation) and
+var/artifacts/browser/browser_test.json (page load → first agent audio, in-page
+voice-to-voice per turn, counters). Timings are recorded, never asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+import subprocess
+import time
+import wave
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from services.common.audio import float_to_pcm16
+from tests.conftest import Stack
+from tests.speech import speak
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "var" / "artifacts" / "browser"
+SENTENCE = "what is the weather like in paris today"
+RATE = 48000
+LONG_REPLY = " ".join(
+    [
+        "Once upon a time there was a lighthouse keeper who lived alone on a rock.",
+        "Every night he climbed the stairs, lit the great lamp and watched the ships.",
+        "The sea was wide and dark and cold, and the wind sang in the windows.",
+        "One night a storm came from the west, and the waves were as tall as houses.",
+    ]
+)
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--use-fake-ui-for-media-stream",
+    "--use-fake-device-for-media-stream",
+    "--autoplay-policy=no-user-gesture-required",
+]
+
+pytestmark = pytest.mark.skipif(
+    not Path(CHROMIUM).exists(), reason="needs Debian's chromium (scripts/system_deps.sh)"
+)
+
+
+def _wav(path: Path) -> Path:
+    """The fake microphone: 0.5 s of quiet, the sentence, 3.5 s of quiet (it loops)."""
+    quiet = np.zeros(int(0.5 * RATE), np.float32)
+    gap = np.zeros(int(3.5 * RATE), np.float32)
+    audio = np.concatenate([quiet, speak(SENTENCE, RATE), gap])
+    with wave.open(str(path), "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(RATE)
+        wav.writeframes(float_to_pcm16(audio))
+    return path
+
+
+@pytest.fixture
+def page(tmp_path: Path) -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    wav = _wav(tmp_path / "mic.wav")
+    with sync_playwright() as driver:
+        context = driver.chromium.launch_persistent_context(
+            user_data_dir=str(tmp_path / "profile"),  # fresh every run
+            executable_path=CHROMIUM,
+            headless=True,
+            args=[*FLAGS, f"--use-file-for-fake-audio-capture={wav}"],
+            viewport={"width": 900, "height": 900},
+            bypass_csp=True,  # lets wait_for_function evaluate strings; the page keeps its CSP
+        )
+        try:
+            yield context.pages[0] if context.pages else context.new_page()
+        finally:
+            context.close()
+
+
+def _wait(page: Any, condition: str, timeout_s: float, arg: Any = None) -> Any:
+    return page.wait_for_function(condition, arg=arg, timeout=timeout_s * 1000).json_value()
+
+
+def test_a_spoken_conversation_in_the_browser(lite_stack: Stack, page: Any) -> None:
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    started = time.monotonic()
+    page.goto(f"{lite_stack.gateway.http}/")
+    # the voice picker lists the TTS service's voices (through the gateway)
+    _wait(page, "document.querySelectorAll('#voice option').length > 1", 20)
+    page.click("#connect")
+    _wait(page, "window.voiceAgent.state === 'live'", 30)
+
+    # the fake microphone's sentence comes back as a final transcript...
+    heard = _wait(
+        page, "window.voiceAgent.transcripts.find(t => t.toLowerCase().includes('paris'))", 120
+    )
+    assert "weather" in heard.lower(), heard
+    # ...and the agent's answer is played through the worklet
+    _wait(page, "window.voiceAgent.counters.playedSamples > 0.5 * window.voiceAgent.sampleRate", 90)
+    _wait(page, "window.voiceAgent.latencies.some(l => l.v2v_played_ms !== null)", 30)
+
+    # barge-in: the agent tells a long story; the looping microphone speaks over it
+    _wait(
+        page,
+        "!Object.values(window.voiceAgent.responses).some(r => r.status === 'in_progress')",
+        60,
+    )
+    clears = page.evaluate("window.voiceAgent.counters.clears")
+    page.evaluate("text => window.voiceAgent.say(text)", LONG_REPLY)
+    story = _wait(
+        page,
+        "arg => Object.values(window.voiceAgent.responses)"
+        ".find(r => r.text.startsWith(arg.slice(0, 20)))?.id",
+        30,
+        LONG_REPLY,
+    )
+    _wait(page, "arg => window.voiceAgent.counters.clears > arg", 90, clears)
+    _wait(page, "window.voiceAgent.lastClear !== null", 10)  # the worklet's answer
+    cleared = page.evaluate(
+        "id => ({status: window.voiceAgent.responses[id].status,"
+        " heard: window.voiceAgent.responses[id].heard, last: window.voiceAgent.lastClear})",
+        story,
+    )
+    _wait(page, "arg => window.voiceAgent.responses[arg].status === 'cancelled'", 30, story)
+    heard_story = page.evaluate("id => window.voiceAgent.responses[id].heard", story)
+    assert len(heard_story) < len(LONG_REPLY), heard_story
+    # it was a barge-in (the user was speaking), and the player dropped its queue at once
+    clear_log = page.evaluate("window.voiceAgent.clearLog")
+    assert {"response_id": story, "during_speech": True} in clear_log, clear_log
+    assert cleared["last"] is not None and cleared["last"]["dropped"] >= 0
+
+    state = page.evaluate(
+        "({counters: window.voiceAgent.counters, latencies: window.voiceAgent.latencies,"
+        " pageToFirstAudioMs: window.voiceAgent.pageToFirstAudioMs,"
+        " transcripts: window.voiceAgent.transcripts, errors: window.voiceAgent.errors,"
+        " sampleRate: window.voiceAgent.sampleRate})"
+    )
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "page.png"), full_page=True)
+    page.click("#disconnect")
+    _wait(page, "window.voiceAgent.closes.length > 0", 10)
+    closes = page.evaluate("window.voiceAgent.closes")
+    _record(state, cleared, closes, time.monotonic() - started)
+
+    assert closes[0]["code"] == 1000, closes
+    assert not errors, errors
+    assert not [e for e in state["errors"] if e.get("fatal")], state["errors"]
+
+
+def _record(state: dict[str, Any], cleared: Any, closes: Any, wall_s: float) -> None:
+    version = subprocess.run([CHROMIUM, "--version"], capture_output=True, text=True, check=False)
+    v2v = [l["v2v_ms"] for l in state["latencies"] if l["v2v_ms"] is not None]
+    played = [l["v2v_played_ms"] for l in state["latencies"] if l["v2v_played_ms"] is not None]
+    result = {
+        "test": "tests/e2e/test_browser.py::test_a_spoken_conversation_in_the_browser",
+        "browser": version.stdout.strip(),
+        "machine": {"platform": platform.platform(), "cpus": _cpus()},
+        "page_load_to_first_agent_audio_ms": state["pageToFirstAudioMs"],
+        "voice_to_voice_ms": v2v,
+        "voice_to_voice_p50_ms": float(np.median(v2v)) if v2v else None,
+        "voice_to_voice_played_ms": played,
+        "barge_in": cleared,
+        "counters": state["counters"],
+        "transcripts": state["transcripts"],
+        "sample_rate": state["sampleRate"],
+        "closes": closes,
+        "wall_s": round(wall_s, 1),
+        "notes": "voice_to_voice: the frame holding the end of speech (speech.stopped's "
+        "audio_end_ms) sent -> the first agent audio frame received, as `voice-agent client` "
+        "measures; _played: to the first sample out of the player worklet (60 ms jitter buffer).",
+    }
+    (ARTIFACTS / "browser_test.json").write_text(json.dumps(result, indent=2) + "\n")
+
+
+def _cpus() -> int:
+    import os
+
+    return os.cpu_count() or 0
