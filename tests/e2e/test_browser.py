@@ -10,6 +10,7 @@ voice-to-voice per turn, counters). Timings are recorded, never asserted.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import shutil
 import subprocess
@@ -163,12 +164,13 @@ def test_a_spoken_conversation_in_the_browser(lite_stack: Stack, page: Any) -> N
 
 def _record(state: dict[str, Any], cleared: Any, closes: Any, wall_s: float) -> None:
     version = subprocess.run([CHROMIUM, "--version"], capture_output=True, text=True, check=False)
-    v2v = [l["v2v_ms"] for l in state["latencies"] if l["v2v_ms"] is not None]
-    played = [l["v2v_played_ms"] for l in state["latencies"] if l["v2v_played_ms"] is not None]
+    turns = state["latencies"]
+    v2v = [t["v2v_ms"] for t in turns if t["v2v_ms"] is not None]
+    played = [t["v2v_played_ms"] for t in turns if t["v2v_played_ms"] is not None]
     result = {
         "test": "tests/e2e/test_browser.py::test_a_spoken_conversation_in_the_browser",
         "browser": version.stdout.strip(),
-        "machine": {"platform": platform.platform(), "cpus": _cpus()},
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
         "page_load_to_first_agent_audio_ms": state["pageToFirstAudioMs"],
         "voice_to_voice_ms": v2v,
         "voice_to_voice_p50_ms": float(np.median(v2v)) if v2v else None,
@@ -184,9 +186,3 @@ def _record(state: dict[str, Any], cleared: Any, closes: Any, wall_s: float) -> 
         "measures; _played: to the first sample out of the player worklet (60 ms jitter buffer).",
     }
     (ARTIFACTS / "browser_test.json").write_text(json.dumps(result, indent=2) + "\n")
-
-
-def _cpus() -> int:
-    import os
-
-    return os.cpu_count() or 0
