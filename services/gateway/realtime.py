@@ -90,6 +90,7 @@ class RealtimeChannel(Channel):
         self._texts: list[str] = []  # user text items waiting for response.create
         self._partials: dict[str, str] = {}
         self._reply: _Reply | None = None
+        self._answering_commit = False  # a manual commit's turn will be answered by itself
 
     # ------------------------------------------------------------ client → Session
 
@@ -129,6 +130,7 @@ class RealtimeChannel(Channel):
                         "input_audio_buffer_commit_empty",
                     )
                 self._native({"type": "input_audio.commit"})
+                self._answering_commit = True
             case rt.Clear():
                 self._open_item = None
                 self._native({"type": "input_audio.clear"})
@@ -139,6 +141,8 @@ class RealtimeChannel(Channel):
                 if self._texts:
                     text, self._texts = " ".join(self._texts), []
                     self._native({"type": "conversation.text", "text": text})
+                elif self._answering_commit:
+                    pass  # the committed turn is answered once transcribed: this is that answer
                 else:
                     self._native({"type": "response.create"})
             case rt.ResponseCancel():
@@ -199,6 +203,8 @@ class RealtimeChannel(Channel):
                 await self._partial(event)
             case TranscriptFinal():
                 self._partials.pop(event.utterance_id, None)
+                if not event.text.strip():
+                    self._answering_commit = False  # no words: the Session will not answer
                 await self._emit(
                     {
                         "type": "conversation.item.input_audio_transcription.completed",
@@ -347,6 +353,7 @@ class RealtimeChannel(Channel):
     async def _response_created(self, event: ResponseCreated) -> None:
         reply = _Reply(event.response_id, f"item_{event.response_id.removeprefix('resp_')}")
         self._reply = reply
+        self._answering_commit = False
         response = self._response(reply, "in_progress", [], None)
         await self._emit({"type": "response.created", "response": response})
         item = self._item(reply, "in_progress", None)

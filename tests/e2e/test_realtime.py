@@ -188,9 +188,12 @@ async def test_manual_turns_and_beta_event_names(lite_stack: Stack) -> None:
         await until("input_audio_buffer.speech_started")
         await asyncio.sleep(0.5)  # silence does not end a manual turn
         await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        await ws.send(json.dumps({"type": "response.create"}))  # as manual clients do
         await until("input_audio_buffer.committed")
         heard = await until("conversation.item.input_audio_transcription.completed")
         assert "paris" in heard["transcript"].lower()
         delta = await until("response.audio.delta")  # the beta name
         assert base64.b64decode(delta["delta"])
-        assert (await until("response.done"))["response"]["status"] == "completed"
+        done = await until("response.done")
+        assert done["response"]["status"] == "completed", done  # one response, not cancelled
+        assert "paris" in done["response"]["output"][0]["content"][0]["transcript"].lower()
