@@ -9,6 +9,7 @@ voice-to-voice per turn, counters). Timings are recorded, never asserted.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import platform
@@ -17,12 +18,14 @@ import subprocess
 import time
 import wave
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from services.client.stream import StreamClient
 from services.common.audio import float_to_pcm16
 from tests.conftest import Stack
 from tests.speech import speak
@@ -155,14 +158,31 @@ def test_a_spoken_conversation_in_the_browser(lite_stack: Stack, page: Any) -> N
     page.click("#disconnect")
     _wait(page, "window.voiceAgent.closes.length > 0", 10)
     closes = page.evaluate("window.voiceAgent.closes")
-    _record(state, cleared, closes, time.monotonic() - started)
+    with ThreadPoolExecutor(1) as thread:  # Playwright's sync API holds this thread's loop
+        cli = thread.submit(asyncio.run, _cli_turns(lite_stack.stream_url, 3)).result()
+    _record(state, cleared, closes, cli, time.monotonic() - started)
 
     assert closes[0]["code"] == 1000, closes
     assert not errors, errors
     assert not [e for e in state["errors"] if e.get("fatal")], state["errors"]
 
 
-def _record(state: dict[str, Any], cleared: Any, closes: Any, wall_s: float) -> None:
+async def _cli_turns(url: str, turns: int) -> list[float]:
+    """The same sentence through `voice-agent client`'s StreamClient, for comparison."""
+    measured = []
+    for _ in range(turns):
+        async with StreamClient(url) as client:
+            turn = client.new_turn()
+            await client.speak(speak(SENTENCE, 24000), 24000)
+            await client.silence_until("response.done", timeout_s=60)
+        if turn.voice_to_voice_ms is not None:
+            measured.append(round(turn.voice_to_voice_ms, 1))
+    return measured
+
+
+def _record(
+    state: dict[str, Any], cleared: Any, closes: Any, cli: list[float], wall_s: float
+) -> None:
     version = subprocess.run([CHROMIUM, "--version"], capture_output=True, text=True, check=False)
     turns = state["latencies"]
     v2v = [t["v2v_ms"] for t in turns if t["v2v_ms"] is not None]
@@ -175,6 +195,8 @@ def _record(state: dict[str, Any], cleared: Any, closes: Any, wall_s: float) -> 
         "voice_to_voice_ms": v2v,
         "voice_to_voice_p50_ms": float(np.median(v2v)) if v2v else None,
         "voice_to_voice_played_ms": played,
+        "cli_voice_to_voice_ms": cli,
+        "cli_voice_to_voice_p50_ms": float(np.median(cli)) if cli else None,
         "barge_in": cleared,
         "counters": state["counters"],
         "transcripts": state["transcripts"],
@@ -183,6 +205,8 @@ def _record(state: dict[str, Any], cleared: Any, closes: Any, wall_s: float) -> 
         "wall_s": round(wall_s, 1),
         "notes": "voice_to_voice: the frame holding the end of speech (speech.stopped's "
         "audio_end_ms) sent -> the first agent audio frame received, as `voice-agent client` "
-        "measures; _played: to the first sample out of the player worklet (60 ms jitter buffer).",
+        "measures; _played: to the first sample out of the player worklet (60 ms jitter buffer). "
+        "cli_voice_to_voice_ms: the same sentence from StreamClient (`voice-agent client`): "
+        "its last frame sent -> first agent audio received.",
     }
     (ARTIFACTS / "browser_test.json").write_text(json.dumps(result, indent=2) + "\n")
