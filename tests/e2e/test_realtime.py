@@ -56,8 +56,9 @@ class Events:
 
 
 async def _say(connection: Any, text: str) -> None:
-    """`text` spoken at 24 kHz and appended in 100 ms pieces, then 1.5 s of silence."""
-    pcm = float_to_pcm16(speak(text, 24000)) + bytes(2 * 36000)
+    """`text` spoken at 24 kHz and appended in 100 ms pieces, then 3 s of silence: more than
+    the smart-turn policy's fallback (2 s), which ends the turn when the model holds on."""
+    pcm = float_to_pcm16(speak(text, 24000)) + bytes(2 * 72000)
     for start in range(0, len(pcm), 4800):
         chunk = base64.b64encode(pcm[start : start + 4800]).decode()
         await connection.input_audio_buffer.append(audio=chunk)
@@ -197,3 +198,23 @@ async def test_manual_turns_and_beta_event_names(lite_stack: Stack) -> None:
         done = await until("response.done")
         assert done["response"]["status"] == "completed", done  # one response, not cancelled
         assert "paris" in done["response"]["output"][0]["content"][0]["transcript"].lower()
+
+
+async def test_the_sdks_beta_client_gets_beta_names(lite_stack: Stack) -> None:
+    """`client.beta.realtime` sends `OpenAI-Beta: realtime=v1`: beta names, beta session."""
+    async with (
+        _client(lite_stack) as client,
+        client.beta.realtime.connect(model="voice-agent") as connection,
+    ):
+        events = Events(connection)
+        created = await events.until("session.created", 10)
+        assert created["session"]["input_audio_format"] == "pcm16"
+        await connection.session.update(session={"voice": "alloy", "instructions": "Hi."})
+        assert (await events.until("session.updated", 10))["session"]["voice"] == "alloy"
+        await _say(connection, SENTENCE)
+        delta = await events.until("response.audio.delta")
+        assert base64.b64decode(delta["delta"])
+        done = await events.until("response.done")
+        assert done["response"]["status"] == "completed"
+        assert events.of("response.audio_transcript.delta")
+        assert not events.of("response.output_audio.delta")
