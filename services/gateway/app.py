@@ -178,7 +178,9 @@ def create_app(
 
     @app.websocket("/v1/realtime")
     async def realtime(ws: WebSocket) -> None:
-        beta = "realtime=v1" in ws.headers.get("openai-beta", "")
+        beta = "realtime=v1" in ws.headers.get("openai-beta", "") or (
+            "openai-beta.realtime-v1" in read_handshake(ws).offered
+        )
         channel = await admit(ws, lambda ws: RealtimeChannel(ws, max_frame, beta=beta, vad=vad))
         if channel is not None:
             await run_session(channel, None, REALTIME_SESSION)

@@ -4,7 +4,8 @@ A client's credential arrives one of three ways, read here and nowhere else:
 - `Authorization: Bearer <token>` (servers, the `openai` SDK);
 - a subprotocol `voice-agent.token.<token>` (browsers cannot set headers on a WebSocket;
   the page offers `["voice-agent", "voice-agent.token.<token>"]`);
-- a subprotocol `openai-insecure-api-key.<token>` (OpenAI's own browser convention).
+- a subprotocol `openai-insecure-api-key.<token>` (OpenAI's own browser convention, where
+  `openai-beta.realtime-v1` asks for the beta event names).
 Tokens never travel in the URL (it ends up in access logs).
 
 A browser that offers subprotocols fails the connection unless the server selects one,
@@ -28,6 +29,8 @@ class Handshake:
     """The bearer token, from the header or a token subprotocol; None when absent."""
     subprotocol: str | None
     """The subprotocol to accept with (None when the client offered none)."""
+    offered: tuple[str, ...] = ()
+    """Every subprotocol the client offered."""
 
 
 def _is_token(protocol: str) -> bool:
@@ -48,4 +51,4 @@ def read_handshake(ws: WebSocket) -> Handshake:
                 if protocol.startswith(prefix) and len(protocol) > len(prefix):
                     credential = protocol[len(prefix) :]
     chosen = next((p for p in offered if not _is_token(p)), None)
-    return Handshake(credential=credential, subprotocol=chosen)
+    return Handshake(credential=credential, subprotocol=chosen, offered=tuple(offered))

@@ -27,7 +27,8 @@ import pytest
 
 from services.client.stream import StreamClient
 from services.common.audio import float_to_pcm16
-from tests.conftest import Stack
+from tests.conftest import RedisProc, Stack
+from tests.servers import ServerThread
 from tests.speech import speak
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -75,7 +76,8 @@ def _wav(path: Path) -> Path:
 
 
 @pytest.fixture
-def page(tmp_path: Path) -> Iterator[Any]:
+def browser(tmp_path: Path) -> Iterator[Any]:
+    """A headless Chromium context with a fresh profile and the wav as its microphone."""
     from playwright.sync_api import sync_playwright
 
     wav = _wav(tmp_path / "mic.wav")
@@ -89,9 +91,14 @@ def page(tmp_path: Path) -> Iterator[Any]:
             bypass_csp=True,  # lets wait_for_function evaluate strings; the page keeps its CSP
         )
         try:
-            yield context.pages[0] if context.pages else context.new_page()
+            yield context
         finally:
             context.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Any:
+    return browser.pages[0] if browser.pages else browser.new_page()
 
 
 def _wait(page: Any, condition: str, timeout_s: float, arg: Any = None) -> Any:
@@ -165,6 +172,40 @@ def test_a_spoken_conversation_in_the_browser(lite_stack: Stack, page: Any) -> N
     assert closes[0]["code"] == 1000, closes
     assert not errors, errors
     assert not [e for e in state["errors"] if e.get("fatal")], state["errors"]
+
+
+def test_a_token_rides_in_a_subprotocol_and_a_full_gateway_says_so(
+    redis_server: RedisProc, browser: Any
+) -> None:
+    """A real browser accepts the gateway's subprotocol answer (the token path of auth), and
+    a refused session shows the capacity message (close 1013) instead of failing silently."""
+    from services.gateway.app import create_app
+    from services.gateway.settings import GatewaySection, GatewaySettings
+
+    settings = GatewaySettings(
+        profile="fake",
+        redis=redis_server.settings(),
+        gateway=GatewaySection(max_sessions=1, tts_url=None, end_of_turn="silence"),
+    )
+    with ServerThread(create_app(settings)) as gateway:
+        first, second = (
+            browser.pages[0] if browser.pages else browser.new_page(),
+            browser.new_page(),
+        )
+        first.goto(f"{gateway.http}/#token=t0k-123")
+        assert first.input_value("#token") == "t0k-123"
+        assert "t0k" not in first.url  # taken out of the address bar
+        first.click("#connect")
+        _wait(first, "window.voiceAgent.state === 'live'", 30)
+        second.goto(f"{gateway.http}/")
+        second.click("#connect")
+        _wait(second, "window.voiceAgent.closes.length > 0", 30)
+        closed = second.evaluate("window.voiceAgent.closes[0]")
+        assert closed["code"] == 1013, closed
+        assert "capacity" in second.inner_text("#status")
+        assert second.evaluate("window.voiceAgent.errors[0].code") == "capacity"
+        # no voice list without a TTS service: the page says so and keeps the default
+        assert "Voice list unavailable" in first.inner_text("#log")
 
 
 async def _cli_turns(url: str, turns: int) -> list[float]:

@@ -109,6 +109,7 @@ def test_handshake_reads_the_credential_from_a_header_or_a_subprotocol() -> None
         _ws({"Sec-WebSocket-Protocol": "realtime, openai-insecure-api-key.sk-1"})
     )
     assert (openai.credential, openai.subprotocol) == ("sk-1", "realtime")
+    assert "realtime" in openai.offered
     none = read_handshake(_ws({}))
     assert (none.credential, none.subprotocol) == (None, None)
 
