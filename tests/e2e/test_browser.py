@@ -63,9 +63,10 @@ pytestmark = pytest.mark.skipif(
 
 
 def _wav(path: Path) -> Path:
-    """The fake microphone: 0.5 s of quiet, the sentence, 3.5 s of quiet (it loops)."""
+    """The fake microphone: 0.5 s of quiet, the sentence, 8 s of quiet (it loops): the reply
+    ends within the gap, and the next loop's speech talks over the long story."""
     quiet = np.zeros(int(0.5 * RATE), np.float32)
-    gap = np.zeros(int(3.5 * RATE), np.float32)
+    gap = np.zeros(int(8.0 * RATE), np.float32)
     audio = np.concatenate([quiet, speak(SENTENCE, RATE), gap])
     with wave.open(str(path), "wb") as wav:
         wav.setnchannels(1)
@@ -127,7 +128,8 @@ def test_a_spoken_conversation_in_the_browser(lite_stack: Stack, page: Any) -> N
     # barge-in: the agent tells a long story; the looping microphone speaks over it
     _wait(
         page,
-        "!Object.values(window.voiceAgent.responses).some(r => r.status === 'in_progress')",
+        "!window.voiceAgent.userSpeaking && !Object.values(window.voiceAgent.responses)"
+        ".some(r => r.status === 'in_progress')",
         60,
     )
     clears = page.evaluate("window.voiceAgent.counters.clears")
@@ -154,6 +156,8 @@ def test_a_spoken_conversation_in_the_browser(lite_stack: Stack, page: Any) -> N
     assert {"response_id": story, "during_speech": True} in clear_log, clear_log
     assert cleared["last"] is not None and cleared["last"]["dropped"] >= 0
 
+    # the interrupting speech is a turn of its own: a second in-page voice-to-voice
+    _wait(page, "window.voiceAgent.latencies.filter(l => l.v2v_ms !== null).length >= 2", 60)
     state = page.evaluate(
         "({counters: window.voiceAgent.counters, latencies: window.voiceAgent.latencies,"
         " pageToFirstAudioMs: window.voiceAgent.pageToFirstAudioMs,"
