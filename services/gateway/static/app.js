@@ -129,17 +129,30 @@ async function loadVoices() {
 
 // ------------------------------------------------------------------ audio
 
-async function startAudio() {
+async function micSource(stream) {
+  // 24 kHz when the browser resamples the microphone for us (Chrome, Safari); otherwise
+  // (Firefox refuses a context rate unlike the device's) the device's own rate.
   ctx = new AudioContext({ sampleRate: WANTED_RATE, latencyHint: "interactive" });
+  try {
+    return ctx.createMediaStreamSource(stream);
+  } catch (err) {
+    await ctx.close();
+    ctx = new AudioContext({ latencyHint: "interactive" });
+    return ctx.createMediaStreamSource(stream);
+  }
+}
+
+async function startAudio() {
+  const stream = await navigator.mediaDevices.getUserMedia({
+    audio: { echoCancellation: true, noiseSuppression: true, autoGainControl: true, channelCount: 1 },
+  });
+  mic = { stream };
+  const source = await micSource(stream);
   if (!RATES.includes(ctx.sampleRate)) {
     throw new Error(`this browser runs audio at ${ctx.sampleRate} Hz; the gateway takes ${RATES.join(", ")}`);
   }
   va.sampleRate = ctx.sampleRate;
   await ctx.audioWorklet.addModule("/static/worklet.js");
-  const stream = await navigator.mediaDevices.getUserMedia({
-    audio: { echoCancellation: true, noiseSuppression: true, autoGainControl: true, channelCount: 1 },
-  });
-  const source = ctx.createMediaStreamSource(stream);
   const capture = new AudioWorkletNode(ctx, "va-capture", { numberOfInputs: 1, numberOfOutputs: 1 });
   capture.port.onmessage = (event) => onMicFrame(event.data);
   source.connect(capture);
@@ -155,7 +168,7 @@ async function startAudio() {
 
 function stopAudio() {
   if (mic) mic.stream.getTracks().forEach((track) => track.stop());
-  if (ctx) ctx.close();
+  if (ctx && ctx.state !== "closed") ctx.close();
   mic = ctx = player = null;
 }
 
