@@ -218,6 +218,7 @@ function onAudioFrame(buffer) {
     current.firstFrameAt = performance.now();
     if (current.speechEndAt != null) {
       current.timing.v2v_ms = current.firstFrameAt - current.speechEndAt;
+      current.timing.after_turn_end_ms = current.firstFrameAt - current.stoppedAt;
       va.latencies.push(current.timing);
     }
   }
@@ -240,7 +241,7 @@ const handlers = {
   "transcript.partial": (e) => { $("partial").textContent = e.text; },
   "speech.stopped": (e) => {
     va.userSpeaking = false;
-    speechEnds[e.utterance_id] = sentAtMs(e.audio_end_ms);
+    speechEnds[e.utterance_id] = { sentAt: sentAtMs(e.audio_end_ms), stoppedAt: performance.now() };
   },
   "transcript.final": (e) => {
     $("partial").textContent = "";
@@ -251,11 +252,14 @@ const handlers = {
     }
   },
   "response.created": (e) => {
-    const speechEndAt = e.utterance_id ? speechEnds[e.utterance_id] : undefined;
+    const end = e.utterance_id ? speechEnds[e.utterance_id] : undefined;
     current = {
       id: e.response_id, utterance_id: e.utterance_id || null, text: "", status: "in_progress",
-      speechEndAt: speechEndAt ?? null, firstFrameAt: null, playedAt: null,
-      timing: { response_id: e.response_id, v2v_ms: null, v2v_played_ms: null },
+      speechEndAt: end ? end.sentAt : null, stoppedAt: end ? end.stoppedAt : null,
+      firstFrameAt: null, playedAt: null,
+      // v2v_ms: the frame holding the end of speech sent → first agent audio received;
+      // after_turn_end_ms: speech.stopped received → first agent audio received
+      timing: { response_id: e.response_id, v2v_ms: null, v2v_played_ms: null, after_turn_end_ms: null },
       line: logLine("agent", "Agent", ""),
     };
     va.responses[e.response_id] = current;
