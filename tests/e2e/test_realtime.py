@@ -218,3 +218,24 @@ async def test_the_sdks_beta_client_gets_beta_names(lite_stack: Stack) -> None:
         assert done["response"]["status"] == "completed"
         assert events.of("response.audio_transcript.delta")
         assert not events.of("response.output_audio.delta")
+
+
+async def test_speaking_over_the_agent_cancels_with_turn_detected(conversation: Events) -> None:
+    connection = conversation.connection
+    await connection.conversation.item.create(
+        item={
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": LONG_TEXT}],
+        }
+    )
+    await connection.response.create()
+    created = await conversation.until("response.created", 30)
+    await conversation.until("response.output_audio.delta", 60)
+    await _say(connection, SENTENCE)
+    cleared = await conversation.until("output_audio_buffer.cleared", 30)
+    assert cleared["response_id"] == created["response"]["id"]
+    done = await conversation.until("response.done", 30, type="response.done")
+    assert done["response"]["status"] == "cancelled"
+    assert done["response"]["status_details"]["reason"] == "turn_detected"
+    assert conversation.of("input_audio_buffer.speech_started")
