@@ -41,22 +41,10 @@ from services.common.events import (
 from services.common.vad import VadSettings
 from services.common.ws import Channel, Frame
 from services.gateway import realtime_events as rt
-from services.gateway.realtime_session import session_object
+from services.gateway import realtime_shapes as shapes
 
 REALTIME_SESSION: dict[str, object] = {"input_sample_rate": 24000, "output_sample_rate": 24000}
 """A `/v1/realtime` session starts with OpenAI's formats: PCM16 at 24 kHz both ways."""
-
-BETA_NAMES = {
-    "response.output_audio.delta": "response.audio.delta",
-    "response.output_audio.done": "response.audio.done",
-    "response.output_audio_transcript.delta": "response.audio_transcript.delta",
-    "response.output_audio_transcript.done": "response.audio_transcript.done",
-}
-"""GA event names → the beta names (`OpenAI-Beta: realtime=v1` clients)."""
-
-
-def _event_id() -> str:
-    return f"event_{uuid.uuid4().hex[:20]}"
 
 
 @dataclass
@@ -186,7 +174,7 @@ class RealtimeChannel(Channel):
             case SessionCreated() | SessionUpdated():
                 self.config = event.session
                 kind = "session.created" if isinstance(event, SessionCreated) else "session.updated"
-                session = session_object(event.session, self.vad, self.beta)
+                session = shapes.session_object(event.session, self.vad, self.beta)
                 await self._emit({"type": kind, "session": session})
             case SpeechStarted():
                 self._open_item = event.utterance_id
@@ -247,36 +235,15 @@ class RealtimeChannel(Channel):
         await self._error(exc.code, exc.message, getattr(exc, "param", None))
 
     async def _error(self, code: str, message: str, param: str | None) -> None:
-        client_side = code.startswith(("invalid", "unsupported", "input_audio", "response_cancel"))
-        await self._emit(
-            {
-                "type": "error",
-                "error": {
-                    "type": "invalid_request_error" if client_side else "server_error",
-                    "code": code,
-                    "message": message,
-                    "param": param,
-                    "event_id": self._client_event,
-                },
-            }
-        )
+        await self._emit(shapes.error_event(code, message, param, self._client_event))
 
     async def _emit(self, event: dict[str, Any]) -> None:
-        if self.beta:
-            event["type"] = BETA_NAMES.get(event["type"], event["type"])
-        await self._send_text(json.dumps({"event_id": _event_id(), **event}))
+        await self._send_text(json.dumps(shapes.framed(event, self.beta)))
 
     async def _item_created(
         self, item_id: str, role: str, content: list[dict[str, Any]], previous: str | None
     ) -> None:
-        item = {
-            "id": item_id,
-            "object": "realtime.item",
-            "type": "message",
-            "role": role,
-            "status": "completed",
-            "content": content,
-        }
+        item = shapes.message_item(item_id, role, "completed", content)
         await self._emit(
             {"type": "conversation.item.created", "previous_item_id": previous, "item": item}
         )
@@ -320,43 +287,20 @@ class RealtimeChannel(Channel):
         )
 
     def _part(self, reply: _Reply) -> dict[str, Any]:
-        return {
-            "response_id": reply.id,
-            "item_id": reply.item_id,
-            "output_index": 0,
-            "content_index": 0,
-        }
+        return shapes.content_ref(reply.id, reply.item_id)
 
-    def _item(self, reply: _Reply, status: str, transcript: str | None) -> dict[str, Any]:
-        part = {"type": "output_audio" if not self.beta else "audio", "transcript": transcript}
-        return {
-            "id": reply.item_id,
-            "object": "realtime.item",
-            "type": "message",
-            "role": "assistant",
-            "status": status,
-            "content": [part] if transcript is not None else [],
-        }
-
-    def _response(self, reply: _Reply, status: str, output: list[Any], details: Any) -> Any:
-        return {
-            "id": reply.id,
-            "object": "realtime.response",
-            "status": status,
-            "status_details": details,
-            "output": output,
-            "output_modalities": ["audio"],
-            "conversation_id": self.config.id if self.config else None,
-            "usage": None,
-        }
+    def _response(self, reply: _Reply, status: str, output: list[Any]) -> dict[str, Any]:
+        details = shapes.status_details(status, reply.client_cancelled)
+        conversation = self.config.id if self.config else None
+        return shapes.response_object(reply.id, status, output, details, conversation)
 
     async def _response_created(self, event: ResponseCreated) -> None:
         reply = _Reply(event.response_id, f"item_{event.response_id.removeprefix('resp_')}")
         self._reply = reply
         self._answering_commit = False
-        response = self._response(reply, "in_progress", [], None)
+        response = self._response(reply, "in_progress", [])
         await self._emit({"type": "response.created", "response": response})
-        item = self._item(reply, "in_progress", None)
+        item = shapes.assistant_item(reply.item_id, "in_progress", None, self.beta)
         await self._emit(
             {
                 "type": "response.output_item.added",
@@ -404,14 +348,8 @@ class RealtimeChannel(Channel):
         if reply is None or reply.id != event.response_id:
             return
         self._reply = None
-        details: dict[str, Any] | None = None
-        if event.status == "cancelled":
-            reason = "client_cancelled" if reply.client_cancelled else "turn_detected"
-            details = {"type": "cancelled", "reason": reason}
-        elif event.status == "failed":
-            details = {"type": "failed", "error": {"type": "server_error", "code": "failed"}}
         item_status = "completed" if event.status == "completed" else "incomplete"
-        item = self._item(reply, item_status, event.text)
+        item = shapes.assistant_item(reply.item_id, item_status, event.text, self.beta)
         part = {"type": "audio", "transcript": event.text}
         await self._emit({"type": "response.content_part.done", **self._part(reply), "part": part})
         await self._emit(
@@ -422,5 +360,5 @@ class RealtimeChannel(Channel):
                 "item": item,
             }
         )
-        response = self._response(reply, event.status, [item], details)
+        response = self._response(reply, event.status, [item])
         await self._emit({"type": "response.done", "response": response})
