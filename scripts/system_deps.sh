@@ -8,6 +8,9 @@ command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 # its certificate. Debian keeps nginx in /usr/sbin, often off a user's PATH.
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+# chromium: tests/e2e/test_browser.py drives the page at / in Debian's headless Chromium
+# (Playwright's own browser downloads are never used); skipped without it.
+command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ] || missing+=(chromium)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if ! command -v apt-get >/dev/null 2>&1; then
   echo "system_deps: no apt-get; please install: ${missing[*]} (continuing)" >&2

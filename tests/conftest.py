@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -70,16 +71,22 @@ def start_stack(redis: RedisSettings, profile: Profile = "lite") -> Iterator[Sta
     from services.asr.app import create_app as asr_app
     from services.asr.settings import AsrSettings
     from services.gateway.app import create_app as gateway_app
-    from services.gateway.settings import GatewaySettings
     from services.tts.app import create_app as tts_app
     from services.tts.settings import TtsSettings
 
     with (
         ServerThread(asr_app(AsrSettings(profile=profile, redis=redis))) as asr,
         ServerThread(tts_app(TtsSettings(profile=profile, redis=redis))) as tts,
-        ServerThread(gateway_app(GatewaySettings(profile=profile, redis=redis))) as gateway,
+        ServerThread(gateway_app(_gateway_settings(profile, redis, tts.http))) as gateway,
     ):
         yield Stack(asr, tts, gateway, redis)
+
+
+def _gateway_settings(profile: Profile, redis: RedisSettings, tts_url: str) -> Any:
+    """The gateway of a test stack: it lists the stack's own TTS voices at /v1/voices."""
+    from services.gateway.settings import GatewaySection, GatewaySettings
+
+    return GatewaySettings(profile=profile, redis=redis, gateway=GatewaySection(tts_url=tts_url))
 
 
 @pytest.fixture(scope="session")

@@ -30,6 +30,8 @@ DEFAULT_TENANT: Final = "default"
 """The tenant of everything when authentication is off, and of data made before it."""
 APP_SUBPROTOCOL: Final = "voice-agent.v1"
 TOKEN_SUBPROTOCOL: Final = "voice-agent.token."  # noqa: S105 (a prefix, no secret)
+TOKEN_SUBPROTOCOLS: Final = (TOKEN_SUBPROTOCOL, "openai-insecure-api-key.")
+"""Ours, and OpenAI's browser convention for /v1/realtime."""
 TOKEN_QUERY: Final = "access_token"  # noqa: S105 (a parameter name)
 TENANT: Final = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _KEY: Final = re.compile(r"^va_([0-9a-f]{12})_([A-Za-z0-9_-]{43})$")
@@ -199,8 +201,9 @@ def credential(scope: Mapping[str, Any]) -> str | None:
 
 def _subprotocol_token(scope: Mapping[str, Any]) -> str | None:
     for offered in scope.get("subprotocols") or ():
-        if isinstance(offered, str) and offered.startswith(TOKEN_SUBPROTOCOL):
-            return offered[len(TOKEN_SUBPROTOCOL) :]
+        for prefix in TOKEN_SUBPROTOCOLS:
+            if isinstance(offered, str) and offered.startswith(prefix):
+                return offered[len(prefix) :]
     return None
 
 

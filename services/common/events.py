@@ -49,6 +49,18 @@ class TtsStyle(BaseModel):
     temperature: float | None = Field(default=None, ge=0.05, le=2.0)
 
 
+class TurnDetection(BaseModel):
+    """How the session's turns end: `server_vad` (silence ends a turn; None fields keep the
+    gateway's VAD settings) or `manual` (only `input_audio.commit` ends a turn)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["server_vad", "manual"] = "server_vad"
+    threshold: float | None = Field(default=None, gt=0.0, lt=1.0)
+    silence_ms: int | None = Field(default=None, ge=32, le=10_000)
+    prefix_padding_ms: int | None = Field(default=None, ge=0, le=2_000)
+
+
 class SessionConfig(BaseModel):
     """The session as the client sees it."""
 
@@ -60,6 +72,7 @@ class SessionConfig(BaseModel):
     agent: str = "echo"
     instructions: str | None = None
     tts: TtsStyle | None = None
+    turn_detection: TurnDetection | None = None
     resumed: bool | None = None
 
 
@@ -75,6 +88,7 @@ class SessionPatch(BaseModel):
     agent: Annotated[str, Field(max_length=64), NOT_BLANK] | None = None
     instructions: str | None = Field(default=None, max_length=16_384)
     tts: TtsStyle | None = None
+    turn_detection: TurnDetection | None = None
 
 
 # ---------------------------------------------------------------- client → gateway

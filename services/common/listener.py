@@ -12,6 +12,7 @@ import numpy as np
 
 from services.common.audio import AudioF32, StreamResampler, check_sample_rate, pcm16_to_float
 from services.common.errors import FrameTooBig, InvalidAudio
+from services.common.events import TurnDetection
 from services.common.turns import SpeechEnd, TurnEvent, TurnSegmenter
 from services.common.vad import SileroVad, VadSettings, VadStream
 
@@ -113,6 +114,19 @@ class Listener:
         if check_sample_rate(rate) != self.input_rate:
             self.input_rate = rate
             self._resampler = StreamResampler(rate, VAD_RATE)
+
+    def set_turn_detection(self, turns: TurnDetection | None) -> None:
+        """Per-session turn ending: the gateway's VAD settings with the session's overrides."""
+        turns = turns or TurnDetection()
+        update: dict[str, object] = {}
+        if turns.threshold is not None:
+            update["threshold"] = turns.threshold
+        if turns.silence_ms is not None:
+            update["min_silence_ms"] = turns.silence_ms
+        if turns.prefix_padding_ms is not None:
+            update["speech_pad_ms"] = turns.prefix_padding_ms
+        settings = self.settings.model_copy(update=update)
+        self.segmenter.reconfigure(settings, auto_end=turns.type == "server_vad")
 
     def max_frame_bytes(self) -> int:
         """The largest audio frame the contract allows: one second at the input rate."""

@@ -93,15 +93,8 @@ class _Tape:
 class TurnSegmenter:
     """One stream's turn state machine; memory bounded by the pre-roll outside speech."""
 
-    def __init__(self, settings: VadSettings) -> None:
-        self._thr = settings.threshold
-        self._neg = settings.effective_neg_threshold
-        self._min_speech = settings.min_speech_ms * _PER_MS
-        self._min_silence_ms = settings.min_silence_ms
-        self._pad = settings.speech_pad_ms * _PER_MS
-        # a pause event needs the whole trailing pad, so its audio equals the SpeechEnd's
-        self._pause_ms = max(settings.pause_ms, settings.speech_pad_ms)
-        self._max_len = int(settings.max_utterance_s * SAMPLE_RATE)
+    def __init__(self, settings: VadSettings, auto_end: bool = True) -> None:
+        self.reconfigure(settings, auto_end)
         self._paused = False  # a SpeechPause went out for the current stretch of silence
         self._tape = _Tape()
         self._classified = 0  # samples covered by the probabilities fed so far
@@ -110,6 +103,22 @@ class TurnSegmenter:
         self._in_speech = False
         self._speech_start = self._audio_start = 0
         self._silence_start: int | None = None
+
+    def reconfigure(self, settings: VadSettings, auto_end: bool = True) -> None:
+        """Apply new thresholds from the next window on; the stream's clock and audio stay.
+
+        `auto_end` False: silence never ends (nor pauses) a turn, only `flush` (a client's
+        commit) or the maximum length does — push-to-talk with the VAD still marking speech.
+        """
+        self._thr = settings.threshold
+        self._neg = settings.effective_neg_threshold
+        self._min_speech = settings.min_speech_ms * _PER_MS
+        self._min_silence_ms = settings.min_silence_ms
+        self._pad = settings.speech_pad_ms * _PER_MS
+        # a pause event needs the whole trailing pad, so its audio equals the SpeechEnd's
+        self._pause_ms = max(settings.pause_ms, settings.speech_pad_ms)
+        self._max_len = int(settings.max_utterance_s * SAMPLE_RATE)
+        self._auto_end = auto_end
 
     @property
     def in_speech(self) -> bool:
@@ -202,6 +211,8 @@ class TurnSegmenter:
             self._silence_start, self._paused = s0, False
         if self._silence_start is None:  # speaking
             return [self._end(s0, s0, forced=True), self._start(s0, s0)] if too_long else []
+        if not self._auto_end:
+            return []
         silence_ms = (s1 - self._silence_start) // _PER_MS
         if silence_ms >= self._min_silence_ms:
             end = self._silence_start

@@ -30,13 +30,19 @@ from services.gateway import metrics
 from services.gateway.agent import AGENTS, Agent, Turn
 from services.gateway.bus import GatewayBus
 from services.gateway.drain import Drainer
+from services.gateway.handshake import read_handshake
 from services.gateway.llm import OpenAiAgent
+from services.gateway.realtime import REALTIME_SESSION, RealtimeChannel
 from services.gateway.session import Session, new_id
 from services.gateway.settings import GatewaySettings
+from services.gateway.static import static_router
 from services.gateway.store import SessionStore
 from services.gateway.turn_end import EndOfTurn, create_policy, listening
 
 log = logging.getLogger(__name__)
+
+Restored = tuple[SessionConfig, list[Turn]] | None
+"""A stored session being resumed (its settings and history), or None."""
 
 
 def token_settings(
@@ -133,26 +139,43 @@ def create_app(
         report = await drainer.drain(grace_s, wait_s)
         return JSONResponse(report.model_dump(), 200 if report.remaining == 0 else 504)
 
-    @app.websocket("/v1/stream")
-    async def stream(ws: WebSocket, session_id: str | None = Query(None, max_length=64)) -> None:
+    async def admit(
+        ws: WebSocket, make_channel: Callable[[WebSocket], Channel], session_id: str | None
+    ) -> tuple[Channel, Restored] | None:
+        """The one handshake and admission of every session endpoint (`/v1/stream`,
+        `/v1/realtime`). The auth guard has checked the credential before this runs; a
+        session id of another tenant is refused here, before the accept. None when the
+        client was refused (already told and closed)."""
         principal = principal_of(ws)
         try:
             restored = await store.load(session_id, principal.tenant) if session_id else None
         except Forbidden as exc:  # another tenant's id: no session, not even an accept
             common_metrics.AUTH_REFUSED.labels("gateway", exc.code).inc()
             await refuse_handshake(ws, exc)
-            return
-        await ws.accept(subprotocol=app_subprotocol(ws.scope.get("subprotocols")))
-        channel = Channel(ws, "gateway", section.server.ws_max_frame_bytes)
+            return None
+        offered = ws.scope.get("subprotocols")
+        await ws.accept(subprotocol=app_subprotocol(offered) or read_handshake(ws).subprotocol)
+        channel = make_channel(ws)
         if state.draining or len(sessions) >= section.max_sessions:
             metrics.SESSIONS_REFUSED.labels("draining" if state.draining else "capacity").inc()
             await channel.fail(CapacityError("gateway at capacity; retry after 1 s"))
-            return
+            return None
+        return channel, restored
+
+    async def run_session(
+        ws: WebSocket,
+        channel: Channel,
+        restored: Restored,
+        initial: dict[str, object] | None = None,
+    ) -> None:
+        """One conversation on an admitted channel, until the client leaves."""
+        principal = principal_of(ws)
         config = SessionConfig(
             id=new_id("sess"),
             voice=section.default_voice,
             agent=section.default_agent,
             language=section.default_language,
+            **(initial or {}),
         )
         config = token_settings(config, principal.session, agents)
         history: list[Turn] = []
@@ -197,6 +220,27 @@ def create_app(
             drainer.closed()
             metrics.SESSIONS.dec()
             state.connection_closed()
+
+    max_frame = section.server.ws_max_frame_bytes
+
+    @app.websocket("/v1/stream")
+    async def stream(ws: WebSocket, session_id: str | None = Query(None, max_length=64)) -> None:
+        admitted = await admit(ws, lambda ws: Channel(ws, "gateway", max_frame), session_id)
+        if admitted is not None:
+            await run_session(ws, *admitted)
+
+    @app.websocket("/v1/realtime")
+    async def realtime(ws: WebSocket) -> None:
+        beta = "realtime=v1" in ws.headers.get("openai-beta", "") or (
+            "openai-beta.realtime-v1" in read_handshake(ws).offered
+        )
+        admitted = await admit(
+            ws, lambda ws: RealtimeChannel(ws, max_frame, beta=beta, vad=vad), None
+        )
+        if admitted is not None:
+            await run_session(ws, *admitted, REALTIME_SESSION)
+
+    app.include_router(static_router(section))
 
     app.state.sessions = sessions
     app.state.gateway_id = gateway_id

@@ -187,6 +187,8 @@ class Session:
         self._speculation: _Speculation | None = None
         self._pause: _Pause | None = None
         self._children: set[asyncio.Task[None]] = set()
+        if config.turn_detection is not None:  # a resumed session's own
+            listener.set_turn_detection(config.turn_detection)
 
     # ------------------------------------------------------------------ inputs
 
@@ -259,6 +261,8 @@ class Session:
         if "input_sample_rate" in patch:
             self.listener.set_input_rate(patch["input_sample_rate"])
         self.config = SessionConfig.model_validate({**self.config.model_dump(), **patch})
+        if "turn_detection" in patch:
+            self.listener.set_turn_detection(self.config.turn_detection)
         await self.channel.send(SessionUpdated(session=self.config))
         await self._save()
 

@@ -64,6 +64,11 @@ class GatewaySection(BaseModel):
     call (less CPU per session at scale; no added wait)."""
     inbox_size: int = Field(default=1024, ge=16, le=100_000)
     """Bus results buffered per session before it counts as stuck."""
+    tts_url: str | None = Field(default="http://127.0.0.1:8002", max_length=2048)
+    """The TTS service's HTTP address: `GET /v1/voices` on the gateway (the browser page's
+    voice picker) is answered from its `/v1/voices`. None: the gateway lists no voices."""
+    web_client: bool = True
+    """Serve the browser client at `/` (a static page; it talks to `/v1/stream`)."""
 
 
 class GatewaySettings(BaseServiceSettings):

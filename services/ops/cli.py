@@ -111,13 +111,16 @@ def up(args: argparse.Namespace) -> None:
     urls = _service_urls()
     env = _service_env()
     try:
+        # the gateway lists this TTS service's voices (the browser page's picker)
+        env = {"VA_GATEWAY__TTS_URL": urls["tts"], **os.environ}
         for name in SERVICES:
             procs.append(subprocess.Popen([sys.executable, "-m", SERVICES[name].module], env=env))
         wait_ready(urls, procs[-len(SERVICES) :], STARTUP_TIMEOUT_S)
         agent = urls["gateway"].replace("http://", "ws://") + "/v1/stream"
         print(
             "\nvoice-agent is up:\n"
-            f"  agent      {agent}\n"
+            f"  browser    {urls['gateway']}/  (talk to the agent from this page)\n"
+            f"  agent      {agent}  (OpenAI Realtime API: {agent[: -len('/stream')]}/realtime)\n"
             f"  ASR        {urls['asr']}  (POST /v1/audio/transcriptions, WS /v1/stream/asr)\n"
             f"  TTS        {urls['tts']}  (POST /v1/audio/speech, WS /v1/stream/tts)\n"
             f"  try:       voice-agent client --wav your.wav --url {agent}\n"

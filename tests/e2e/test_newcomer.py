@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 
@@ -168,6 +169,17 @@ def test_command_without_its_extra_names_the_install(newcomer: Newcomer) -> None
     (line,) = refused.stderr.strip().splitlines()
     assert "loadtest" in line and "pip install -e '.[loadtest]'" in line, line
     assert "Traceback" not in refused.stdout + refused.stderr
+
+
+def test_the_browser_page_and_its_voice_list(
+    newcomer: Newcomer, running: subprocess.Popen[str]
+) -> None:
+    """What README's "Try it in the browser" says to open after `make run`."""
+    page = httpx.get(f"{newcomer.urls['gateway']}/", timeout=10)
+    assert page.status_code == 200 and "/static/app.js" in page.text
+    voices = httpx.get(f"{newcomer.urls['gateway']}/v1/voices", timeout=10)
+    assert voices.status_code == 200, voices.text  # `up` points the gateway at its TTS
+    assert voices.json()["voices"], voices.json()
 
 
 def test_one_spoken_turn_then_a_clean_stop(

@@ -8,6 +8,7 @@ front of two gateway processes (uvicorn threads) and the lite stack's ASR and TT
 from __future__ import annotations
 
 import asyncio
+import json
 import ssl
 import subprocess
 import time
@@ -196,6 +197,16 @@ async def test_sessions_spread_over_both_gateways_and_limits_refuse(front: Front
     await all_closed(front)
 
 
+async def test_realtime_over_wss(front: Front) -> None:
+    """/v1/realtime goes through the TLS front to the gateways, as /v1/stream does."""
+    url = f"{front.wss}/v1/realtime?model=voice-agent"
+    async with websockets.connect(url, ssl=front.tls) as ws:
+        created = json.loads(await ws.recv())
+        assert created["type"] == "session.created", created
+        assert created["session"]["audio"]["input"]["format"]["rate"] == 24000
+    await all_closed(front)
+
+
 async def test_no_permessage_deflate_through_nginx(front: Front) -> None:
     front.upgrades += 1
     async with websockets.connect(
@@ -218,6 +229,9 @@ def test_rest_and_health_routes(front: Front) -> None:
             assert http.get(path).status_code == 200, path
         assert http.get("/metrics").status_code == 404  # scraped per process, not public
         assert "default" in str(http.get("/v1/voices").json())
+        page = http.get("/")  # the browser client, from the gateways, over TLS
+        assert page.status_code == 200 and "/static/app.js" in page.text
+        assert http.get("/static/worklet.js").status_code == 200
 
         speech = http.post(
             "/v1/audio/speech",

@@ -11,12 +11,14 @@ from services.ops import deploy
 from services.ops.deploy import NginxSite, check_nginx, prepare_dirs, render, render_nginx
 from tests.tls import self_signed
 
-WS_ROUTES = {"/v1/stream": "va_gateway"}
+WS_ROUTES = {"/v1/stream": "va_gateway", "/v1/realtime": "va_gateway"}
 WS_ROUTES |= {"/v1/stream/asr": "va_asr", "/v1/stream/tts": "va_tts"}
 REST_ROUTES = {
     "= /v1/audio/transcriptions": "http://va_asr",
     "= /v1/audio/speech": "http://va_tts",
     "/v1/voices": "http://va_tts",
+    "= /": "http://va_gateway",  # the browser client
+    "/static/": "http://va_gateway",
     "= /health": "http://va_gateway/health",
     "= /ready": "http://va_gateway/ready",
     "= /health/asr": "http://va_asr/health",

@@ -1,0 +1,245 @@
+"""OpenAI Realtime API client events (GA shapes, beta's flat session too), parsed once.
+
+Only what `/v1/realtime` acts on is modelled; unknown fields are ignored, as OpenAI does.
+See docs/realtime.md for the mapping onto `/v1/stream`'s session.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from services.common.errors import InvalidMessage, UnsupportedSampleRate
+from services.common.events import TurnDetection
+
+RATES = (8000, 16000, 24000, 48000)
+
+
+class _Loose(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class AudioFormat(_Loose):
+    """GA: `{"type": "audio/pcm", "rate": 24000}`."""
+
+    type: str = "audio/pcm"
+    rate: int | None = None
+
+
+class RtTurnDetection(_Loose):
+    type: str = "server_vad"
+    threshold: float | None = Field(default=None, gt=0.0, lt=1.0)
+    prefix_padding_ms: int | None = Field(default=None, ge=0, le=2_000)
+    silence_duration_ms: int | None = Field(default=None, ge=32, le=10_000)
+    create_response: bool | None = None
+    interrupt_response: bool | None = None
+
+
+class Transcription(_Loose):
+    model: str | None = None
+    language: str | None = Field(default=None, max_length=16)
+    prompt: str | None = None
+
+
+class AudioInput(_Loose):
+    format: AudioFormat | None = None
+    transcription: Transcription | None = None
+    turn_detection: RtTurnDetection | None = None
+
+
+class AudioOutput(_Loose):
+    format: AudioFormat | None = None
+    voice: str | None = Field(default=None, min_length=1, max_length=128)
+
+
+class AudioConfig(_Loose):
+    input: AudioInput | None = None
+    output: AudioOutput | None = None
+
+
+class RtSession(_Loose):
+    """`session.update`'s session: GA's nested `audio`, or beta's flat fields."""
+
+    instructions: str | None = Field(default=None, max_length=16_384)
+    audio: AudioConfig | None = None
+    # beta (flat) shape
+    voice: str | None = Field(default=None, min_length=1, max_length=128)
+    input_audio_format: str | None = None
+    output_audio_format: str | None = None
+    turn_detection: RtTurnDetection | None = None
+    input_audio_transcription: Transcription | None = None
+
+
+class Content(_Loose):
+    type: str
+    text: str | None = Field(default=None, max_length=8192)
+
+
+class Item(_Loose):
+    id: str | None = Field(default=None, max_length=64)
+    type: str = "message"
+    role: str | None = None
+    content: list[Content] = []
+
+
+class _Event(_Loose):
+    event_id: str | None = Field(default=None, max_length=128)
+
+
+class SessionUpdate(_Event):
+    type: Literal["session.update"]
+    session: RtSession
+
+
+class Append(_Event):
+    type: Literal["input_audio_buffer.append"]
+    audio: str
+
+
+class Commit(_Event):
+    type: Literal["input_audio_buffer.commit"]
+
+
+class Clear(_Event):
+    type: Literal["input_audio_buffer.clear"]
+
+
+class ItemCreate(_Event):
+    type: Literal["conversation.item.create"]
+    item: Item
+    previous_item_id: str | None = None
+
+
+class ResponseCreate(_Event):
+    type: Literal["response.create"]
+    response: dict[str, Any] | None = None
+
+
+class ResponseCancel(_Event):
+    type: Literal["response.cancel"]
+    response_id: str | None = None
+
+
+UNSUPPORTED = frozenset(
+    {
+        "conversation.item.delete",
+        "conversation.item.retrieve",
+        "conversation.item.truncate",
+        "output_audio_buffer.clear",
+        "transcription_session.update",
+    }
+)
+
+ClientEvent = Annotated[
+    SessionUpdate | Append | Commit | Clear | ItemCreate | ResponseCreate | ResponseCancel,
+    Field(discriminator="type"),
+]
+CLIENT_EVENTS: TypeAdapter[ClientEvent] = TypeAdapter(ClientEvent)
+
+
+class RealtimeError(InvalidMessage):
+    """A client event OpenAI would refuse, with OpenAI's `code` and `param`."""
+
+    def __init__(self, message: str, code: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.param = param
+        self.event_id: str | None = None
+        """The `event_id` of the client event refused, when it had one."""
+
+
+def parse_client_event(text: str) -> tuple[str | None, ClientEvent]:
+    """(event_id, event) of one client frame; RealtimeError for anything we do not take."""
+    try:
+        raw: Any = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise RealtimeError("the event is not valid JSON", "invalid_json") from exc
+    if not isinstance(raw, dict) or not isinstance(raw.get("type"), str):
+        raise RealtimeError("an event must be an object with a string `type`", "invalid_value")
+    event_id = raw.get("event_id") if isinstance(raw.get("event_id"), str) else None
+    try:
+        return event_id, _validate(raw)
+    except RealtimeError as exc:
+        exc.event_id = event_id
+        raise
+
+
+def _validate(raw: dict[str, Any]) -> ClientEvent:
+    kind = raw["type"]
+    if kind in UNSUPPORTED:
+        raise RealtimeError(f"{kind!r} is not supported by this server", "unsupported_event")
+    try:
+        return CLIENT_EVENTS.validate_python(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        if first["type"] == "union_tag_invalid":
+            raise RealtimeError(
+                f"Invalid value: {kind!r}. Supported values are: session.update, "
+                "input_audio_buffer.append, input_audio_buffer.commit, "
+                "input_audio_buffer.clear, conversation.item.create, response.create, "
+                "response.cancel.",
+                "invalid_value",
+                "type",
+            ) from exc
+        where = ".".join(str(p) for p in first["loc"][1:])
+        raise RealtimeError(f"{where}: {first['msg']}", "invalid_value", where) from exc
+
+
+def _rate(fmt: AudioFormat | str | None, where: str) -> int | None:
+    """The PCM16 rate of a format (None: unchanged); anything but PCM16 is refused."""
+    if fmt is None:
+        return None
+    if isinstance(fmt, str):
+        if fmt != "pcm16":
+            raise RealtimeError(f"{where} {fmt!r}: only 'pcm16' is supported", "invalid_value")
+        return 24000
+    if fmt.type != "audio/pcm":
+        raise RealtimeError(f"{where} {fmt.type!r}: only 'audio/pcm' is supported", "invalid_value")
+    if fmt.rate is not None and fmt.rate not in RATES:
+        raise UnsupportedSampleRate(f"{where}.rate {fmt.rate}: use one of {RATES}")
+    return fmt.rate or 24000
+
+
+def _turns(detection: RtTurnDetection | None) -> TurnDetection:
+    if detection is None:
+        return TurnDetection(type="manual")
+    if detection.type not in ("server_vad", "semantic_vad"):
+        raise RealtimeError(f"turn_detection.type {detection.type!r}", "invalid_value")
+    return TurnDetection(
+        type="server_vad",
+        threshold=detection.threshold,
+        silence_ms=detection.silence_duration_ms,
+        prefix_padding_ms=detection.prefix_padding_ms,
+    )
+
+
+def native_patch(session: RtSession) -> dict[str, Any]:
+    """The `/v1/stream` `session.update` patch that an OpenAI `session.update` means."""
+    audio = session.audio or AudioConfig()
+    given_in = audio.input.model_fields_set if audio.input else set()
+    source = audio.input or AudioInput()
+    patch: dict[str, Any] = {}
+    if session.instructions is not None:
+        patch["instructions"] = session.instructions
+    voice = (audio.output.voice if audio.output else None) or session.voice
+    if voice is not None:
+        patch["voice"] = voice
+    in_rate = _rate(source.format or session.input_audio_format, "input format")
+    out_rate = _rate(
+        (audio.output.format if audio.output else None) or session.output_audio_format,
+        "output format",
+    )
+    if in_rate is not None:
+        patch["input_sample_rate"] = in_rate
+    if out_rate is not None:
+        patch["output_sample_rate"] = out_rate
+    if "turn_detection" in given_in:
+        patch["turn_detection"] = _turns(source.turn_detection).model_dump(exclude_none=True)
+    elif "turn_detection" in session.model_fields_set:
+        patch["turn_detection"] = _turns(session.turn_detection).model_dump(exclude_none=True)
+    transcription = source.transcription or session.input_audio_transcription
+    if transcription is not None and transcription.language:
+        patch["language"] = transcription.language
+    return patch

@@ -1,0 +1,63 @@
+"""The browser client at `/` (files in `static/`, no build step) and `GET /v1/voices`.
+
+The page lists voices from the gateway's own origin: `GET /v1/voices` here is the TTS
+service's list, fetched from `tts_url` (the gateway never imports the TTS service).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+from fastapi import APIRouter
+from fastapi.responses import FileResponse, RedirectResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.routing import Mount
+
+from services.common.errors import TtsUnavailable
+from services.gateway.settings import GatewaySection
+
+STATIC_DIR = Path(__file__).parent / "static"
+_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; connect-src 'self' ws: wss:; media-src 'self' blob:; "
+        "img-src 'self' data:; style-src 'self'; script-src 'self'"
+    ),
+    "Cache-Control": "no-cache",
+}
+
+
+def static_router(section: GatewaySection) -> APIRouter:
+    """Routes of the browser page and the voice list."""
+    router = APIRouter()
+
+    if section.web_client:
+
+        @router.get("/", include_in_schema=False)
+        async def index() -> FileResponse:
+            return FileResponse(STATIC_DIR / "index.html", headers=_HEADERS)
+
+        @router.get("/demo", include_in_schema=False)
+        async def demo() -> RedirectResponse:
+            return RedirectResponse("/")
+
+        router.routes.append(Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"))
+
+    @router.get("/v1/voices")
+    async def voices() -> dict[str, Any]:
+        if section.tts_url is None:
+            raise TtsUnavailable("this gateway has no tts_url: it cannot list voices")
+        url = f"{section.tts_url.rstrip('/')}/v1/voices"
+        try:
+            async with httpx.AsyncClient(timeout=5.0) as client:
+                response = await client.get(url)
+            response.raise_for_status()
+            listed: dict[str, Any] = response.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            raise TtsUnavailable(
+                f"the TTS service at {section.tts_url} did not list voices"
+            ) from exc
+        return listed
+
+    return router

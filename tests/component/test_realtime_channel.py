@@ -1,0 +1,141 @@
+"""RealtimeChannel alone: native events out as OpenAI events, OpenAI events in as native frames."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import pytest
+
+from services.common.events import (
+    OutputAudioClear,
+    ResponseAudioDone,
+    ResponseCreated,
+    ResponseDone,
+    ResponseTextDelta,
+    SessionConfig,
+    SessionCreated,
+    SpeechStarted,
+    SpeechStopped,
+    TranscriptFinal,
+    TranscriptPartial,
+)
+from services.gateway.realtime import RealtimeChannel
+
+
+class FakeSocket:
+    application_state = None
+
+    def __init__(self, incoming: list[dict[str, Any]] | None = None) -> None:
+        self.incoming = [json.dumps(m) for m in incoming or []]
+        self.sent: list[dict[str, Any]] = []
+
+    async def send_text(self, text: str) -> None:
+        self.sent.append(json.loads(text))
+
+    async def send_bytes(self, _: bytes) -> None:
+        raise AssertionError("a realtime client never gets binary frames")
+
+    async def receive(self) -> dict[str, Any]:
+        return {"type": "websocket.receive", "text": self.incoming.pop(0)}
+
+
+def _channel(beta: bool = False, incoming: list[dict[str, Any]] | None = None) -> Any:
+    sock = FakeSocket(incoming)
+    return RealtimeChannel(sock, 1 << 20, beta=beta), sock  # type: ignore[arg-type]
+
+
+def _types(sock: FakeSocket) -> list[str]:
+    return [e["type"] for e in sock.sent]
+
+
+async def test_a_turn_and_its_answer_in_openai_events() -> None:
+    channel, sock = _channel()
+    await channel.send(SessionCreated(session=SessionConfig(id="s1", input_sample_rate=24000)))
+    await channel.send(SpeechStarted(utterance_id="u1", audio_start_ms=100))
+    for text in ("what is", "what is the", "what was"):  # a revision sends no delta
+        await channel.send(TranscriptPartial(utterance_id="u1", text=text))
+    await channel.send(SpeechStopped(utterance_id="u1", audio_end_ms=900))
+    await channel.send(
+        TranscriptFinal(utterance_id="u1", text="what was", audio_start_ms=100, audio_end_ms=900)
+    )
+    await channel.send(ResponseCreated(response_id="resp_1", utterance_id="u1"))
+    await channel.send(ResponseTextDelta(response_id="resp_1", delta="what was"))
+    await channel.send_audio(b"\x01\x00" * 4)
+    await channel.send(ResponseAudioDone(response_id="resp_1", audio_ms=10))
+    await channel.send(ResponseDone(response_id="resp_1", status="completed", text="what was"))
+    assert _types(sock) == [
+        "session.created",
+        "input_audio_buffer.speech_started",
+        "conversation.item.input_audio_transcription.delta",
+        "conversation.item.input_audio_transcription.delta",
+        "input_audio_buffer.speech_stopped",
+        "input_audio_buffer.committed",
+        "conversation.item.created",
+        "conversation.item.input_audio_transcription.completed",
+        "response.created",
+        "response.output_item.added",
+        "conversation.item.created",
+        "response.content_part.added",
+        "response.output_audio_transcript.delta",
+        "response.output_audio.delta",
+        "response.output_audio.done",
+        "response.output_audio_transcript.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.done",
+    ]
+    deltas = [e["delta"] for e in sock.sent if e["type"].endswith("transcription.delta")]
+    assert deltas == ["what is", " the"]
+    audio = next(e for e in sock.sent if e["type"] == "response.output_audio.delta")
+    assert base64.b64decode(audio["delta"]) == b"\x01\x00" * 4
+    done = sock.sent[-1]["response"]
+    assert (
+        done["status"] == "completed"
+        and done["output"][0]["content"][0]["transcript"] == "what was"
+    )
+    assert all(e["event_id"].startswith("event_") for e in sock.sent)
+
+
+async def test_beta_names_and_a_client_cancel() -> None:
+    channel, sock = _channel(beta=True, incoming=[{"type": "response.cancel"}, {"type": "x"}])
+    await channel.send(ResponseCreated(response_id="resp_2"))
+    frame = await channel.receive()  # the cancel becomes the native one; "x" is refused
+    assert json.loads(frame.text or "") == {"type": "response.cancel"}
+    await channel.send_audio(b"\x00\x00")
+    await channel.send(OutputAudioClear(response_id="resp_2"))
+    await channel.send(ResponseDone(response_id="resp_2", status="cancelled", text="heard"))
+    assert "response.audio.delta" in _types(sock)
+    assert "output_audio_buffer.cleared" in _types(sock)
+    done = sock.sent[-1]["response"]
+    assert done["status_details"] == {"type": "cancelled", "reason": "client_cancelled"}
+    assert done["output"][0]["content"][0] == {"type": "audio", "transcript": "heard"}
+
+
+@pytest.mark.parametrize("seconds", [0.02, 1.0, 2.5])
+async def test_appends_become_frames_of_at_most_one_second(seconds: float) -> None:
+    pcm = bytes(2 * int(24000 * seconds))
+    append = {"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()}
+    channel, _ = _channel(incoming=[append])
+    await channel.send(SessionCreated(session=SessionConfig(id="s", input_sample_rate=24000)))
+    frames = [await channel.receive()]
+    while channel._ready:
+        frames.append(await channel.receive())
+    assert b"".join(f.data for f in frames) == pcm
+    assert max(len(f.data) for f in frames) <= 48000
+
+
+async def test_bad_audio_is_an_error_event_and_the_next_event_is_served() -> None:
+    odd = {"type": "input_audio_buffer.append", "audio": base64.b64encode(b"abc").decode()}
+    incoming = [
+        odd,
+        {"type": "input_audio_buffer.append", "audio": "!!"},
+        {"type": "response.create"},
+    ]
+    channel, sock = _channel(incoming=incoming)
+    frame = await channel.receive()
+    assert json.loads(frame.text or "") == {"type": "response.create"}
+    errors = [e["error"] for e in sock.sent if e["type"] == "error"]
+    assert [e["code"] for e in errors] == ["invalid_audio", "invalid_audio"]
+    assert {e["type"] for e in errors} == {"invalid_request_error"}

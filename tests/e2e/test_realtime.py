@@ -1,0 +1,241 @@
+"""`/v1/realtime` with the official `openai` SDK's realtime client, unmodified, over the lite
+stack (Whisper tiny.en hears espeak-ng speech; Piper speaks the echo agent's reply)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import openai
+import pytest
+import websockets
+
+from services.common.audio import float_to_pcm16
+from tests.conftest import Stack
+from tests.speech import speak
+
+SENTENCE = "what is the weather like in paris today"
+LONG_TEXT = (
+    "Once upon a time there was a lighthouse keeper. Every night he climbed the stairs. "
+    "He lit the great lamp and watched the ships. The sea was wide and dark and cold."
+)
+
+
+def _client(stack: Stack) -> openai.AsyncOpenAI:
+    gateway = stack.gateway
+    return openai.AsyncOpenAI(
+        api_key="sk-local",
+        base_url=f"{gateway.http}/v1",
+        websocket_base_url=f"{gateway.ws}/v1",
+        max_retries=0,
+    )
+
+
+class Events:
+    """Every server event of one connection, as plain dicts, with waits by type."""
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+        self.seen: list[dict[str, Any]] = []
+
+    async def until(self, kind: str, timeout_s: float = 60, **match: Any) -> dict[str, Any]:
+        async def read() -> dict[str, Any]:
+            while True:
+                event = (await self.connection.recv()).to_dict()
+                self.seen.append(event)
+                if event["type"] == kind and all(event.get(k) == v for k, v in match.items()):
+                    return event
+
+        return await asyncio.wait_for(read(), timeout_s)
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.seen if e["type"] == kind]
+
+
+async def _say(connection: Any, text: str) -> None:
+    """`text` spoken at 24 kHz and appended in 100 ms pieces, then 3 s of silence: more than
+    the smart-turn policy's fallback (2 s), which ends the turn when the model holds on."""
+    pcm = float_to_pcm16(speak(text, 24000)) + bytes(2 * 72000)
+    for start in range(0, len(pcm), 4800):
+        chunk = base64.b64encode(pcm[start : start + 4800]).decode()
+        await connection.input_audio_buffer.append(audio=chunk)
+
+
+@pytest.fixture
+async def conversation(lite_stack: Stack) -> AsyncIterator[Events]:
+    async with (
+        _client(lite_stack) as client,
+        client.realtime.connect(model="voice-agent") as connection,
+    ):
+        events = Events(connection)
+        created = await events.until("session.created", 10)
+        assert created["session"]["audio"]["input"]["format"] == {
+            "type": "audio/pcm",
+            "rate": 24000,
+        }
+        yield events
+
+
+async def test_sdk_holds_a_spoken_conversation(conversation: Events) -> None:
+    connection = conversation.connection
+    await connection.session.update(
+        session={
+            "type": "realtime",
+            "instructions": "Be brief.",
+            "audio": {
+                "input": {
+                    "format": {"type": "audio/pcm", "rate": 24000},
+                    "turn_detection": {"type": "server_vad", "silence_duration_ms": 600},
+                },
+                "output": {"voice": "alloy", "format": {"type": "audio/pcm", "rate": 24000}},
+            },
+        }
+    )
+    updated = await conversation.until("session.updated", 10)
+    assert updated["session"]["instructions"] == "Be brief."
+    assert updated["session"]["audio"]["output"]["voice"] == "alloy"
+
+    await _say(connection, SENTENCE)
+    heard = await conversation.until("conversation.item.input_audio_transcription.completed")
+    done = await conversation.until("response.done")
+
+    for kind in (
+        "input_audio_buffer.speech_started",
+        "input_audio_buffer.speech_stopped",
+        "input_audio_buffer.committed",
+        "conversation.item.created",
+        "response.created",
+        "response.output_item.added",
+        "response.output_audio_transcript.delta",
+        "response.output_audio.done",
+    ):
+        assert conversation.of(kind), kind
+    assert "paris" in heard["transcript"].lower(), heard
+    audio = b"".join(
+        base64.b64decode(e["delta"]) for e in conversation.of("response.output_audio.delta")
+    )
+    assert len(audio) > 2 * 24000 * 0.5, "at least half a second of the agent's voice"
+    transcript = "".join(
+        e["delta"] for e in conversation.of("response.output_audio_transcript.delta")
+    )
+    assert "paris" in transcript.lower()
+    assert done["response"]["status"] == "completed"
+    assert done["response"]["output"][0]["content"][0]["transcript"] == transcript
+
+
+async def test_sdk_cancels_a_response(conversation: Events) -> None:
+    connection = conversation.connection
+    await connection.conversation.item.create(
+        item={
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": LONG_TEXT}],
+        }
+    )
+    item = await conversation.until("conversation.item.created", 10)
+    assert item["item"]["role"] == "user"
+    await connection.response.create()
+    await conversation.until("response.output_audio.delta", 60)
+    await connection.response.cancel()
+    done = await conversation.until("response.done", 30)
+    assert done["response"]["status"] == "cancelled"
+    assert done["response"]["status_details"]["reason"] == "client_cancelled"
+    heard = done["response"]["output"][0]["content"][0]["transcript"]
+    assert len(heard) < len(LONG_TEXT), "only what was heard before the cancel"
+
+
+async def test_unknown_and_unsupported_events_get_errors_not_a_close(conversation: Events) -> None:
+    connection = conversation.connection
+    await connection.send({"type": "no.such.event", "event_id": "evt_1"})  # type: ignore[arg-type, typeddict-item]
+    error = await conversation.until("error", 10)
+    assert error["error"]["type"] == "invalid_request_error"
+    assert error["error"]["code"] == "invalid_value" and error["error"]["event_id"] == "evt_1"
+    await connection.send({"type": "conversation.item.delete", "item_id": "x"})
+    error = await conversation.until("error", 10)
+    assert error["error"]["code"] == "unsupported_event"
+    await connection.response.cancel()  # nothing to cancel
+    error = await conversation.until("error", 10)
+    assert error["error"]["code"] == "response_cancel_not_active"
+    await connection.session.update(session={"type": "realtime", "instructions": "still here"})
+    assert (await conversation.until("session.updated", 10))["session"]["instructions"]
+
+
+async def test_manual_turns_and_beta_event_names(lite_stack: Stack) -> None:
+    """A beta client (`OpenAI-Beta: realtime=v1`) with turn_detection null commits itself."""
+    url = f"{lite_stack.gateway.ws}/v1/realtime?model=voice-agent"
+    headers = {"Authorization": "Bearer sk-local", "OpenAI-Beta": "realtime=v1"}
+    async with websockets.connect(url, additional_headers=headers) as ws:
+
+        async def until(kind: str) -> dict[str, Any]:
+            while True:
+                event = json.loads(await asyncio.wait_for(ws.recv(), 60))
+                if event["type"] == kind:
+                    return dict(event)
+
+        created = await until("session.created")
+        assert created["session"]["input_audio_format"] == "pcm16"
+        update = {"turn_detection": None, "input_audio_format": "pcm16", "voice": "alloy"}
+        await ws.send(json.dumps({"type": "session.update", "session": update}))
+        assert (await until("session.updated"))["session"]["turn_detection"] is None
+        pcm = float_to_pcm16(speak(SENTENCE, 24000)) + bytes(2 * 48000)  # 2 s of silence
+        await ws.send(
+            json.dumps(
+                {"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()}
+            )
+        )
+        await until("input_audio_buffer.speech_started")
+        await asyncio.sleep(0.5)  # silence does not end a manual turn
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        await ws.send(json.dumps({"type": "response.create"}))  # as manual clients do
+        await until("input_audio_buffer.committed")
+        heard = await until("conversation.item.input_audio_transcription.completed")
+        assert "paris" in heard["transcript"].lower()
+        delta = await until("response.audio.delta")  # the beta name
+        assert base64.b64decode(delta["delta"])
+        done = await until("response.done")
+        assert done["response"]["status"] == "completed", done  # one response, not cancelled
+        assert "paris" in done["response"]["output"][0]["content"][0]["transcript"].lower()
+
+
+async def test_the_sdks_beta_client_gets_beta_names(lite_stack: Stack) -> None:
+    """`client.beta.realtime` sends `OpenAI-Beta: realtime=v1`: beta names, beta session."""
+    async with (
+        _client(lite_stack) as client,
+        client.beta.realtime.connect(model="voice-agent") as connection,
+    ):
+        events = Events(connection)
+        created = await events.until("session.created", 10)
+        assert created["session"]["input_audio_format"] == "pcm16"
+        await connection.session.update(session={"voice": "alloy", "instructions": "Hi."})
+        assert (await events.until("session.updated", 10))["session"]["voice"] == "alloy"
+        await _say(connection, SENTENCE)
+        delta = await events.until("response.audio.delta")
+        assert base64.b64decode(delta["delta"])
+        done = await events.until("response.done")
+        assert done["response"]["status"] == "completed"
+        assert events.of("response.audio_transcript.delta")
+        assert not events.of("response.output_audio.delta")
+
+
+async def test_speaking_over_the_agent_cancels_with_turn_detected(conversation: Events) -> None:
+    connection = conversation.connection
+    await connection.conversation.item.create(
+        item={
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": LONG_TEXT}],
+        }
+    )
+    await connection.response.create()
+    created = await conversation.until("response.created", 30)
+    await conversation.until("response.output_audio.delta", 60)
+    await _say(connection, SENTENCE)
+    cleared = await conversation.until("output_audio_buffer.cleared", 30)
+    assert cleared["response_id"] == created["response"]["id"]
+    done = await conversation.until("response.done", 30, type="response.done")
+    assert done["response"]["status"] == "cancelled"
+    assert done["response"]["status_details"]["reason"] == "turn_detected"
+    assert conversation.of("input_audio_buffer.speech_started")

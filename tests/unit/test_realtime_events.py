@@ -1,0 +1,127 @@
+"""The OpenAI Realtime client events as `/v1/stream` settings, and the shared handshake."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+from starlette.websockets import WebSocket
+
+from services.common.errors import UnsupportedSampleRate
+from services.common.turns import SpeechEnd, TurnSegmenter
+from services.common.vad import VadSettings
+from services.gateway import realtime_events as rt
+from services.gateway.handshake import read_handshake
+
+
+def _patch(session: dict[str, Any]) -> dict[str, Any]:
+    event = json.dumps({"type": "session.update", "session": session})
+    _, parsed = rt.parse_client_event(event)
+    assert isinstance(parsed, rt.SessionUpdate)
+    return rt.native_patch(parsed.session)
+
+
+def test_ga_session_update_maps_onto_the_native_session() -> None:
+    patch = _patch(
+        {
+            "type": "realtime",
+            "instructions": "Be brief.",
+            "audio": {
+                "input": {
+                    "format": {"type": "audio/pcm", "rate": 24000},
+                    "transcription": {"model": "whisper-1", "language": "en"},
+                    "turn_detection": {
+                        "type": "server_vad",
+                        "threshold": 0.6,
+                        "silence_duration_ms": 400,
+                    },
+                },
+                "output": {"voice": "alloy"},
+            },
+        }
+    )
+    assert patch == {
+        "instructions": "Be brief.",
+        "voice": "alloy",
+        "input_sample_rate": 24000,
+        "language": "en",
+        "turn_detection": {"type": "server_vad", "threshold": 0.6, "silence_ms": 400},
+    }
+
+
+def test_beta_session_and_null_turn_detection() -> None:
+    patch = _patch({"voice": "verse", "input_audio_format": "pcm16", "turn_detection": None})
+    assert patch == {
+        "voice": "verse",
+        "input_sample_rate": 24000,
+        "turn_detection": {"type": "manual"},
+    }
+    assert _patch({"instructions": "x"}) == {"instructions": "x"}  # absent: unchanged
+
+
+@pytest.mark.parametrize(
+    ("session", "code"),
+    [
+        ({"input_audio_format": "g711_ulaw"}, "invalid_value"),
+        ({"audio": {"input": {"format": {"type": "audio/pcmu"}}}}, "invalid_value"),
+    ],
+)
+def test_formats_we_do_not_speak_are_refused(session: dict[str, Any], code: str) -> None:
+    with pytest.raises(rt.RealtimeError) as refused:
+        _patch(session)
+    assert refused.value.code == code
+
+
+def test_an_odd_rate_is_unsupported() -> None:
+    with pytest.raises(UnsupportedSampleRate):
+        _patch({"audio": {"input": {"format": {"type": "audio/pcm", "rate": 22050}}}})
+
+
+@pytest.mark.parametrize(
+    ("text", "code"),
+    [
+        ("{", "invalid_json"),
+        ('{"type": "nope", "event_id": "e1"}', "invalid_value"),
+        ('{"type": "conversation.item.truncate", "event_id": "e1"}', "unsupported_event"),
+        ('{"type": "input_audio_buffer.append", "event_id": "e1"}', "invalid_value"),
+    ],
+)
+def test_bad_client_events_are_openai_errors(text: str, code: str) -> None:
+    with pytest.raises(rt.RealtimeError) as refused:
+        rt.parse_client_event(text)
+    assert refused.value.code == code
+    assert refused.value.event_id == (None if code == "invalid_json" else "e1")
+
+
+def _ws(headers: dict[str, str]) -> WebSocket:
+    raw = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+    scope = {"type": "websocket", "headers": raw, "path": "/v1/stream", "query_string": b""}
+    return WebSocket(scope, receive=None, send=None)  # type: ignore[arg-type]
+
+
+def test_handshake_reads_the_credential_from_a_header_or_a_subprotocol() -> None:
+    assert read_handshake(_ws({"Authorization": "Bearer abc"})).credential == "abc"
+    browser = read_handshake(_ws({"Sec-WebSocket-Protocol": "voice-agent, voice-agent.token.t0k"}))
+    assert (browser.credential, browser.subprotocol) == ("t0k", "voice-agent")
+    openai = read_handshake(
+        _ws({"Sec-WebSocket-Protocol": "realtime, openai-insecure-api-key.sk-1"})
+    )
+    assert (openai.credential, openai.subprotocol) == ("sk-1", "realtime")
+    assert "realtime" in openai.offered
+    none = read_handshake(_ws({}))
+    assert (none.credential, none.subprotocol) == (None, None)
+
+
+def test_manual_turns_end_only_on_commit() -> None:
+    segmenter = TurnSegmenter(VadSettings(min_silence_ms=100), auto_end=False)
+    speech, silence = np.ones(512, np.float32) * 0.1, np.zeros(512, np.float32)
+    events = []
+    for _ in range(20):
+        events += segmenter.feed(speech, [0.9])
+    for _ in range(60):  # ~2 s of silence: no end, no pause
+        events += segmenter.feed(silence, [0.01])
+    assert [type(e).__name__ for e in events] == ["SpeechStart"]
+    end = segmenter.flush()
+    assert isinstance(end, SpeechEnd) and end.audio.size > 0

@@ -1,0 +1,34 @@
+"""The gateway's browser page and voice list, in process (no lifespan: nothing loads)."""
+
+from __future__ import annotations
+
+from fastapi.testclient import TestClient
+
+from services.gateway.app import create_app
+from services.gateway.settings import GatewaySection, GatewaySettings
+
+
+def _client(**section: object) -> TestClient:
+    return TestClient(create_app(GatewaySettings(gateway=GatewaySection(**section))))  # type: ignore[arg-type]
+
+
+def test_the_page_and_its_files_are_served_with_a_strict_csp() -> None:
+    client = _client(tts_url=None)
+    page = client.get("/")
+    assert page.status_code == 200 and "/static/app.js" in page.text
+    assert "script-src 'self'" in page.headers["content-security-policy"]
+    for name in ("app.js", "worklet.js", "style.css"):
+        assert client.get(f"/static/{name}").status_code == 200, name
+    assert client.get("/static/nope.js").status_code == 404
+
+
+def test_voices_without_a_tts_service_is_an_openai_shaped_503() -> None:
+    response = _client(tts_url=None).get("/v1/voices")
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "tts_unavailable"
+    unreachable = _client(tts_url="http://127.0.0.1:9").get("/v1/voices")
+    assert unreachable.status_code == 503
+
+
+def test_the_page_can_be_turned_off() -> None:
+    assert _client(web_client=False).get("/").status_code == 404
