@@ -39,6 +39,9 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 OPEN_PATHS: Final = frozenset({"/health", "/ready"})
 LOCAL_PATHS: Final = frozenset({"/admin/drain"})
+PAGE_PATHS: Final = frozenset({"/", "/favicon.ico"})
+PAGE_PREFIX: Final = "/static/"
+"""The gateway's browser page (static files): it asks for its token, so it loads without."""
 """Open to callers on this host only (the Kubernetes preStop hook); the route checks too."""
 PRINCIPAL: Final = "va.principal"
 METER: Final = "va.meter"
@@ -130,6 +133,8 @@ class AuthGuard:
         if path in LOCAL_PATHS:
             client: tuple[str, int] | None = scope.get("client")
             return client is not None and is_loopback(str(client[0]))
+        if path in PAGE_PATHS or path.startswith(PAGE_PREFIX):
+            return bool(scope["type"] == "http")  # the browser page: static files, no data
         return path in OPEN_PATHS or (path == "/metrics" and not self.settings.protect_ops)
 
     async def _admit(self, scope: Scope) -> bool:

@@ -32,3 +32,20 @@ def test_voices_without_a_tts_service_is_an_openai_shaped_503() -> None:
 
 def test_the_page_can_be_turned_off() -> None:
     assert _client(web_client=False).get("/").status_code == 404
+
+
+def test_with_auth_on_the_page_loads_and_everything_else_needs_a_credential() -> None:
+    """The page asks for its token, so it must load without one; nothing it talks to may."""
+    from redis.asyncio import Redis
+
+    from services.common.auth import AuthSettings
+    from services.common.guard import AuthGuard
+
+    redis = Redis.from_url("redis://127.0.0.1:1/0")  # never reached: no request is made
+    guard = AuthGuard(None, AuthSettings(required=True), redis, "va", "gateway")  # type: ignore[arg-type]
+    http = {"type": "http", "client": ("203.0.113.9", 5000)}
+    for path in ("/", "/static/app.js", "/static/worklet.js"):
+        assert guard._open(path, {**http, "path": path}), path
+    for path in ("/v1/voices", "/v1/sessions", "/static", "/admin/drain"):
+        assert not guard._open(path, {**http, "path": path}), path
+    assert not guard._open("/", {**http, "type": "websocket", "path": "/"})

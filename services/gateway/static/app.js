@@ -112,7 +112,9 @@ function showMeters() {
 async function loadVoices() {
   const select = $("voice");
   try {
-    const response = await fetch("/v1/voices");
+    const token = $("token").value.trim();
+    const headers = token ? { Authorization: `Bearer ${token}` } : {};
+    const response = await fetch("/v1/voices", { headers });
     if (!response.ok) throw new Error(`HTTP ${response.status}`);
     const listed = await response.json();
     for (const voice of listed.voices || []) {
