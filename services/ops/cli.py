@@ -112,7 +112,7 @@ def up(args: argparse.Namespace) -> None:
     env = _service_env()
     try:
         # the gateway lists this TTS service's voices (the browser page's picker)
-        env = {"VA_GATEWAY__TTS_URL": urls["tts"], **os.environ}
+        env = {"VA_GATEWAY__TTS_URL": urls["tts"], **env}
         for name in SERVICES:
             procs.append(subprocess.Popen([sys.executable, "-m", SERVICES[name].module], env=env))
         wait_ready(urls, procs[-len(SERVICES) :], STARTUP_TIMEOUT_S)
