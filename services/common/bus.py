@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 import uuid
 import zlib
 from dataclasses import dataclass
@@ -30,7 +31,11 @@ from urllib.parse import parse_qs, unquote, urlparse
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import Sentinel
+from redis.asyncio.sentinel import (
+    Sentinel,
+    SentinelManagedConnection,
+    SentinelManagedSSLConnection,
+)
 from redis.backoff import ExponentialBackoff
 from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -106,6 +111,26 @@ def parse_url(url: str) -> RedisTarget:
     )
 
 
+class _MasterConnection(SentinelManagedConnection):
+    """A Sentinel-managed connection that asks the sentinels for the master on *every*
+    reconnect. redis-py 8.1's own reconnects a dropped connection from inside a command's
+    retry (`send_packed_command` -> `connect_check_health`) to the address it had, the
+    dead master's, until the retries run out; this asks again each time."""
+
+    async def connect_check_health(
+        self, check_health: bool = True, retry_socket_connect: bool = True
+    ) -> None:
+        if self.is_connected:
+            return
+        if self.connection_pool.is_master:
+            self.host, self.port = await self.connection_pool.get_master_address()
+        await super().connect_check_health(check_health, retry_socket_connect=False)
+
+
+class _MasterSSLConnection(_MasterConnection, SentinelManagedSSLConnection):
+    pass
+
+
 def connect(settings: RedisSettings) -> Redis:
     """A redis-py asyncio client whose socket timeout exceeds the blocking reads.
 
@@ -159,6 +184,7 @@ def connect(settings: RedisSettings) -> Redis:
                 db=target.db,
                 retry_on_error=[RedisConnectionError, RedisTimeoutError, ReadOnlyError],
                 health_check_interval=30,
+                connection_class=_MasterSSLConnection if target.tls else _MasterConnection,
                 **common,
             ),
         )
@@ -189,8 +215,14 @@ async def wait_replicas(redis: Redis, settings: RedisSettings, key: str, pipe: A
     return settings.wait_replicas
 
 
+_wait_warned = [0.0]  # when a short WAIT was last logged (at most one line every 10 s)
+
+
 def _check_wait(settings: RedisSettings, key: str, acked: Any) -> None:
     if isinstance(acked, int) and acked < settings.wait_replicas:
+        if time.monotonic() - _wait_warned[0] < 10.0:
+            return
+        _wait_warned[0] = time.monotonic()
         log.warning(
             "WAIT on %s: %d of %d replica(s) acknowledged within %d ms",
             key,
@@ -419,12 +451,13 @@ class JobStream:
 
 
 async def publish(
-    redis: Redis, settings: RedisSettings, stream: str, fields: Fields, durable: bool = False
+    redis: Redis, settings: RedisSettings, stream: str, fields: Fields, durable: bool = True
 ) -> None:
     """Append a result to a gateway's result stream (trimmed; it expires when the owner dies).
 
-    `durable` (a job's last result): WAIT for `wait_replicas` replicas when set, so the
-    result is on a replica before the job is marked done and acknowledged.
+    `durable`: WAIT for `wait_replicas` replicas when set, so the result is on a replica
+    before the next one goes out and before the job is marked done and acknowledged; a
+    failover then cannot drop a result while a later one of the same job survives.
     """
     async with redis.pipeline(transaction=False) as pipe:
         pipe.xadd(stream, fields, maxlen=settings.result_stream_maxlen, approximate=True)  # type: ignore[arg-type]

@@ -37,12 +37,10 @@ class TtsJobHandler:
         except VoiceAgentError as exc:
             metrics.REQUESTS.labels("tts", "job", "error").inc()
             metrics.ERRORS.labels("tts", exc.code).inc()
-            await self._publish(job, job.failed(exc.code, exc.message).dump(), durable=True)
+            await self._publish(job, job.failed(exc.code, exc.message).dump())
             return
         done = job.done(chunks, samples_to_ms(samples, job.sample_rate), status)
-        # the job's last result (and, replication being ordered, its chunks) on a replica
-        # (wait_replicas) before the job is marked done and acknowledged
-        await self._publish(job, done.dump(), durable=True)
+        await self._publish(job, done.dump())
         metrics.REQUEST_DURATION.labels("tts", "job").observe(time.perf_counter() - started)
         metrics.REQUESTS.labels("tts", "job", "ok").inc()
 
@@ -62,8 +60,7 @@ class TtsJobHandler:
                     return "cancelled", index, samples
         return "completed", index, samples
 
-    async def _publish(
-        self, job: TtsJob, meta: bytes, audio: bytes | None = None, durable: bool = False
-    ) -> None:
+    async def _publish(self, job: TtsJob, meta: bytes, audio: bytes | None = None) -> None:
+        # each chunk on a replica (wait_replicas) before the next: see bus.publish
         fields = {b"meta": meta} if audio is None else {b"meta": meta, b"audio": audio}
-        await publish(self.redis, self.settings, job.reply_to, fields, durable=durable)
+        await publish(self.redis, self.settings, job.reply_to, fields)
