@@ -8,6 +8,7 @@ promotion (docs/redis-ha.md, "The drill").
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -74,10 +75,8 @@ class _Procs:
             if proc.poll() is None:
                 proc.kill()
         for proc in self.procs.values():
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
 
 
 def cluster_port(taken: set[int]) -> int:
@@ -213,8 +212,15 @@ class ClusterSet:
                     str(self.node_timeout_ms),
                 )
             subprocess.run(
-                [cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports)]
-                + ["--cluster-replicas", "1", "--cluster-yes"],
+                [
+                    cli,
+                    "--cluster",
+                    "create",
+                    *(f"127.0.0.1:{p}" for p in self.ports),
+                    "--cluster-replicas",
+                    "1",
+                    "--cluster-yes",
+                ],
                 check=True,
                 capture_output=True,
                 timeout=60,
