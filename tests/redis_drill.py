@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import os
 import statistics
 import time
 import uuid
@@ -62,6 +64,7 @@ class Turn:
     text_ok: bool = False
     audio_bytes: int = 0
     dones: int = 0
+    errors: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -111,6 +114,7 @@ class Load:
         await asyncio.sleep(0.05)  # a repeated chunk or done would land here
         record.audio_bytes = len(received.audio)
         record.dones = len(received.of_type("response.done"))
+        record.errors = [str(e.get("error", e))[:120] for e in received.of_type("error")]
         return record.status == "completed"
 
 
@@ -130,7 +134,7 @@ def score(load: Load, killed: float, promoted: float, rate: int = 24000) -> dict
     ]
     duplicated = [t for t in finished if t.dones > 1 or t.audio_bytes > expected + tolerance]
     times = load.done_times()
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False) if b > killed - 5]
+    gaps = [b - a for a, b in itertools.pairwise(times) if b > killed - 5]
     after: dict[int, float] = {}
     for t in finished:
         if t.done_at is not None and t.done_at > promoted and t.session not in after:
@@ -144,7 +148,17 @@ def score(load: Load, killed: float, promoted: float, rate: int = 24000) -> dict
         "turns_completed": len(finished) - len(lost),
         "turns_lost": len(lost),
         "turns_duplicated": len(duplicated),
-        "lost_detail": [(t.session, t.n, t.status, t.audio_bytes) for t in lost][:20],
+        "lost_detail": [
+            (
+                t.session,
+                t.n,
+                t.status,
+                t.audio_bytes,
+                round((t.done_at or 0) - t.started, 1),
+                t.errors,
+            )
+            for t in lost
+        ][:20],
         "reconnects": load.reconnects,
         "promotion_after_kill_s": round(promoted - killed, 2),
         "longest_stall_s": round(max(gaps, default=0.0), 2),
@@ -188,7 +202,7 @@ def drill_settings(url: str, shards: int) -> RedisSettings:
         url=url,
         prefix=f"drill{uuid.uuid4().hex[:6]}",
         shards=shards,
-        wait_replicas=1,
+        wait_replicas=0 if os.environ.get("NOWAIT") else 1,
         wait_timeout_ms=200,
         claim_idle_ms=2000,
         block_ms=500,

@@ -18,6 +18,7 @@ and writes whose loss would lose a user's turn are followed by `WAIT` (`wait_rep
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -30,6 +31,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.connection import Connection, SSLConnection
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import (
     Sentinel,
@@ -39,7 +41,7 @@ from redis.asyncio.sentinel import (
 from redis.backoff import ExponentialBackoff
 from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ReadOnlyError, ResponseError
+from redis.exceptions import ReadOnlyError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from services.common.settings import RedisSettings
@@ -111,7 +113,25 @@ def parse_url(url: str) -> RedisTarget:
     )
 
 
-class _MasterConnection(SentinelManagedConnection):
+class _WriteGuard(Connection):
+    """Turns the transport errors a write on a connection the peer (or a concurrent
+    disconnect) closed can raise into `ConnectionError`, which the retries cover; asyncio
+    raises RuntimeError/AttributeError/TypeError there (redis/redis-py#4287)."""
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        try:
+            await super().send_packed_command(command, check_health)
+        except (RuntimeError, AttributeError, TypeError) as exc:
+            with contextlib.suppress(Exception):
+                await self.disconnect(nowait=True)
+            raise RedisConnectionError(f"connection lost while writing: {exc!r}") from exc
+
+
+class _WriteGuardSSL(_WriteGuard, SSLConnection):
+    pass
+
+
+class _MasterConnection(_WriteGuard, SentinelManagedConnection):
     """A Sentinel-managed connection that asks the sentinels for the master on *every*
     reconnect. redis-py 8.1's own reconnects a dropped connection from inside a command's
     retry (`send_packed_command` -> `connect_check_health`) to the address it had, the
@@ -194,6 +214,11 @@ def connect(settings: RedisSettings) -> Redis:
         cluster_error_retry_attempts=settings.failover_retries,
         **common,
     )
+    # RedisCluster takes no connection_class: set it where its nodes read it
+    guard = _WriteGuardSSL if target.tls else _WriteGuard
+    cluster.connection_kwargs["connection_class"] = guard
+    for node in cluster.startup_nodes:
+        node.connection_class = guard
     return cast(Redis, cluster)
 
 
@@ -201,18 +226,84 @@ def is_cluster(redis: Redis) -> bool:
     return isinstance(redis, RedisCluster)
 
 
-async def wait_replicas(redis: Redis, settings: RedisSettings, key: str, pipe: Any) -> int | None:
-    """Queue a `WAIT` on `pipe` behind the writes to `key` (same connection, same node)."""
-    if settings.wait_replicas <= 0:
-        return None
+Command = tuple[Any, ...]
+
+
+async def durable_write(
+    redis: Redis, settings: RedisSettings, key: str, commands: list[Command], durable: bool = True
+) -> list[Any]:
+    """Run `commands` (all on `key`'s slot) in one round trip; when `durable` and
+    `wait_replicas` is set, follow them with `WAIT` on the same connection, so they are on
+    that many replicas before this returns. Returns the commands' replies.
+
+    On a Cluster, the WAIT goes on a connection of the key's master taken by hand (a
+    cluster pipeline would retry a WAIT aimed at a dead master for as long as its
+    retries last); if that fails (a failover under way), the commands go through the
+    cluster client's own retries without the WAIT, and a repeat is left to idempotency.
+    """
+    if not durable or settings.wait_replicas <= 0:
+        return await _pipelined(redis, commands)
+    node = _master_name(redis, key)
+    if time.monotonic() < _short_until.get(node, 0.0):
+        # this master had too few replicas a moment ago (one was just promoted, say):
+        # a WAIT would only time out on every write; retry it after SHORT_RETRY_S
+        return await _pipelined(redis, commands)
+    wait: Command = ("WAIT", settings.wait_replicas, settings.wait_timeout_ms)
     if is_cluster(redis):
-        node = cast(RedisCluster, redis).get_node_from_key(key)
-        pipe.execute_command(
-            "WAIT", settings.wait_replicas, settings.wait_timeout_ms, target_nodes=node
-        )
+        try:
+            replies = await _on_master(cast(RedisCluster, redis), key, [*commands, wait])
+        except (RedisError, OSError, RuntimeError, AttributeError, TypeError) as exc:
+            log.info("WAIT on %s skipped (%r): writing through the cluster client", key, exc)
+            return await _pipelined(redis, commands)
     else:
-        pipe.execute_command("WAIT", settings.wait_replicas, settings.wait_timeout_ms)
-    return settings.wait_replicas
+        replies = await _pipelined(redis, [*commands, wait])
+    if isinstance(replies[-1], int) and replies[-1] < settings.wait_replicas:
+        _short_until[node] = time.monotonic() + SHORT_RETRY_S
+        _check_wait(settings, key, replies[-1])
+    return replies[:-1]
+
+
+SHORT_RETRY_S = 5.0
+_short_until: dict[str, float] = {}  # master -> until when its WAITs are skipped
+
+
+def _master_name(redis: Redis, key: str) -> str:
+    if not is_cluster(redis):
+        return "master"
+    with contextlib.suppress(Exception):
+        node = cast(RedisCluster, redis).get_node_from_key(key)
+        if node is not None:
+            return str(node.name)
+    return "unknown"
+
+
+async def _pipelined(redis: Redis, commands: list[Command]) -> list[Any]:
+    async with redis.pipeline(transaction=False) as pipe:
+        for command in commands:
+            pipe.execute_command(*command)
+        replies: list[Any] = await pipe.execute()
+    return replies
+
+
+async def _on_master(cluster: RedisCluster, key: str, commands: list[Command]) -> list[Any]:
+    """One attempt on one connection of the master of `key`'s slot; errors are raised."""
+    node = cluster.get_node_from_key(key)
+    if node is None:
+        raise RedisConnectionError(f"no master known for {key}")
+    connection = node.acquire_connection()
+    try:
+        await connection.send_packed_command(connection.pack_commands(commands))
+        replies = [await connection.read_response() for _ in commands]
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await connection.disconnect()
+        raise
+    finally:
+        node.release(connection)
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies
 
 
 _wait_warned = [0.0]  # when a short WAIT was last logged (at most one line every 10 s)
@@ -224,7 +315,8 @@ def _check_wait(settings: RedisSettings, key: str, acked: Any) -> None:
             return
         _wait_warned[0] = time.monotonic()
         log.warning(
-            "WAIT on %s: %d of %d replica(s) acknowledged within %d ms",
+            "WAIT on %s: %d of %d replica(s) acknowledged within %d ms; "
+            "writes to this master skip WAIT for the next few seconds",
             key,
             acked,
             settings.wait_replicas,
@@ -236,12 +328,12 @@ async def durable_set(
     redis: Redis, settings: RedisSettings, key: str, value: bytes | str, ex: int
 ) -> None:
     """SET, then WAIT for `wait_replicas` replicas when configured."""
-    async with redis.pipeline(transaction=False) as pipe:
-        pipe.set(key, value, ex=ex)
-        waited = await wait_replicas(redis, settings, key, pipe)
-        replies = await pipe.execute()
-    if waited:
-        _check_wait(settings, key, replies[-1])
+    await durable_write(redis, settings, key, [("SET", key, value, "EX", ex)])
+
+
+def _xadd(stream: str, fields: Fields, maxlen: int) -> Command:
+    flat = [part for pair in fields.items() for part in pair]
+    return ("XADD", stream, "MAXLEN", "~", maxlen, "*", *flat)
 
 
 def consumed_shards(settings: RedisSettings) -> list[int]:
@@ -364,16 +456,8 @@ class JobStream:
                 approximate=True,
             )
             return bytes(entry_id)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.xadd(
-                self.stream,
-                fields,  # type: ignore[arg-type]
-                maxlen=self.settings.job_stream_maxlen,
-                approximate=True,
-            )
-            await wait_replicas(self.redis, self.settings, self.stream, pipe)
-            replies = await pipe.execute()
-        _check_wait(self.settings, self.stream, replies[-1])
+        command = _xadd(self.stream, fields, self.settings.job_stream_maxlen)
+        replies = await durable_write(self.redis, self.settings, self.stream, [command])
         return bytes(replies[0])
 
     async def read(self, count: int, block_ms: int | None = None) -> list[Delivery]:
@@ -459,13 +543,11 @@ async def publish(
     before the next one goes out and before the job is marked done and acknowledged; a
     failover then cannot drop a result while a later one of the same job survives.
     """
-    async with redis.pipeline(transaction=False) as pipe:
-        pipe.xadd(stream, fields, maxlen=settings.result_stream_maxlen, approximate=True)  # type: ignore[arg-type]
-        pipe.expire(stream, settings.job_ttl_s)
-        waited = await wait_replicas(redis, settings, stream, pipe) if durable else None
-        replies = await pipe.execute()
-    if waited:
-        _check_wait(settings, stream, replies[-1])
+    commands = [
+        _xadd(stream, fields, settings.result_stream_maxlen),
+        ("EXPIRE", stream, settings.job_ttl_s),
+    ]
+    await durable_write(redis, settings, stream, commands, durable)
 
 
 async def cancel(redis: Redis, keys: Keys, settings: RedisSettings, response_id: str) -> None:
