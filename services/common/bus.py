@@ -151,6 +151,19 @@ class _MasterSSLConnection(_MasterConnection, SentinelManagedSSLConnection):
     pass
 
 
+class _SentinelRedis(Redis):
+    """The master's client; closing it closes the clients of the sentinels too."""
+
+    sentinel_manager: Sentinel | None = None
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)
+        if self.sentinel_manager is not None:
+            for client in self.sentinel_manager.sentinels:
+                with contextlib.suppress(Exception):
+                    await client.aclose()
+
+
 def connect(settings: RedisSettings) -> Redis:
     """A redis-py asyncio client whose socket timeout exceeds the blocking reads.
 
@@ -196,22 +209,21 @@ def connect(settings: RedisSettings) -> Redis:
                 **({"ssl": True} if target.tls else {}),
             },
         )
-        return cast(
-            Redis,
-            sentinel.master_for(
-                target.service,
-                redis_class=Redis,
-                db=target.db,
-                retry_on_error=[RedisConnectionError, RedisTimeoutError, ReadOnlyError],
-                health_check_interval=30,
-                connection_class=_MasterSSLConnection if target.tls else _MasterConnection,
-                **common,
-            ),
+        client: _SentinelRedis = sentinel.master_for(
+            target.service,
+            redis_class=_SentinelRedis,
+            db=target.db,
+            retry_on_error=[RedisConnectionError, RedisTimeoutError, ReadOnlyError],
+            health_check_interval=30,
+            connection_class=_MasterSSLConnection if target.tls else _MasterConnection,
+            **common,
         )
+        client.sentinel_manager = sentinel
+        return client
     cluster = RedisCluster(
         startup_nodes=[ClusterNode(host, port) for host, port in target.hosts],
-        # the cluster client refreshes its slot map and retries on connection errors
-        cluster_error_retry_attempts=settings.failover_retries,
+        # with `retry`, the cluster client refreshes its slot map and retries on
+        # connection errors (failover_retries times)
         **common,
     )
     # RedisCluster takes no connection_class: set it where its nodes read it
