@@ -3,17 +3,19 @@
     python -m benchmarks.bus_cluster --seconds 8 --procs 2 --out benchmarks/results/bus_cluster.json
 
 Each client process submits jobs (`JobStream.submit`) from `--producers` coroutines and
-serves them with one `JobWorker` a shard (a no-op handler: is-done check, done mark,
-XACK), so a job costs what it costs a real worker on the bus. Jobs/s is counted over the
-measured window after a warm-up. The Redis servers' own CPU (INFO cpu) is recorded too: when
-one Redis is far from a full core, the clients, not Redis, are the limit, and a Cluster
-cannot go faster on the same cores (docs/redis-ha.md).
+serves them from `--consumers` coroutines (split over the shards) doing what `JobWorker`
+does for a job without its handler (XREADGROUP, is-done check, done mark, XACK), so a
+job costs the bus what a real job costs it. Jobs/s is counted over the measured window
+after a warm-up. The Redis servers' own CPU (INFO cpu) is recorded too: when one Redis is
+far from a full core, the clients, not Redis, are the limit, and a Cluster cannot go
+faster on the same cores (docs/redis-ha.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import multiprocessing
 import os
 import tempfile
@@ -25,51 +27,60 @@ from typing import Any
 import redis
 
 from benchmarks.report import versions, write
-from services.common.bus import Delivery, JobStream, Keys, connect
+from services.common.bus import JobStream, Keys, connect
 from services.common.settings import RedisSettings
-from services.common.worker import JobWorker
+from services.common.worker import job_id_of
 from services.ops.redis_server import free_port, start_redis
 from tests.redis_ha import ClusterSet
 
 
-async def _client(settings: RedisSettings, seconds: float, warmup: float, producers: int) -> int:
+async def _client(
+    settings: RedisSettings, seconds: float, warmup: float, producers: int, consumers: int = 8
+) -> int:
     bus = connect(settings)
     keys = Keys(settings.prefix, settings.shards)
     streams = keys.job_shards("asr")
     handled = 0
     window = (time.monotonic() + warmup, time.monotonic() + warmup + seconds)
 
-    async def handler(_: Delivery) -> None:
-        nonlocal handled
-        if window[0] <= time.monotonic() < window[1]:
-            handled += 1
-
-    workers = [
-        JobWorker(JobStream(bus, settings, s, "asr", f"c-{os.getpid()}-{i}"), keys, handler, 64)
-        for i, s in enumerate(streams)
-    ]
-    for worker in workers:
-        await worker.jobs.ensure_group()
-    tasks = [asyncio.create_task(w.run()) for w in workers]
+    streams_in = [JobStream(bus, settings, s, "asr", f"c-{os.getpid()}") for s in streams]
+    for stream in streams_in:
+        await stream.ensure_group()
     submit = [JobStream(bus, settings, s, "asr", "producer") for s in streams]
+
+    async def consume(stream: JobStream) -> None:
+        """What JobWorker does for a job, minus the handler: done check, done mark, XACK."""
+        nonlocal handled
+        while time.monotonic() < window[1]:
+            for delivery in await stream.read(64, block_ms=100):
+                job_id = job_id_of(delivery) or ""
+                if not await stream.is_done(job_id, keys):
+                    await stream.mark_done(job_id, keys)
+                await stream.ack(delivery.entry_id)
+                if window[0] <= time.monotonic() < window[1]:
+                    handled += 1
 
     async def produce(index: int) -> None:
         n = 0
         while time.monotonic() < window[1]:
             n += 1
             job_id = f"j-{os.getpid()}-{index}-{n}"
-            meta = ('{"job_id": "%s"}' % job_id).encode()
+            meta = json.dumps({"job_id": job_id}).encode()
             await submit[n % len(submit)].submit({b"meta": meta, b"audio": b"\0" * 640})
 
-    await asyncio.gather(*(produce(i) for i in range(producers)))
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    await asyncio.gather(
+        *(produce(i) for i in range(producers)),
+        *(
+            consume(stream)
+            for stream in streams_in
+            for _ in range(max(1, consumers // len(streams_in)))
+        ),
+    )
     await bus.aclose()
     return handled
 
 
-def _process(args: tuple[RedisSettings, float, float, int]) -> int:
+def _process(args: tuple[RedisSettings, float, float, int, int]) -> int:
     return asyncio.run(_client(*args))
 
 
@@ -89,7 +100,8 @@ def measure(
     started = time.monotonic()
     with ctx.Pool(args.procs) as pool:
         counts = pool.map(
-            _process, [(settings, args.seconds, args.warmup, args.producers)] * args.procs
+            _process,
+            [(settings, args.seconds, args.warmup, args.producers, args.consumers)] * args.procs,
         )
     wall = time.monotonic() - started
     cpu = _cpu(masters) - cpu_before
@@ -111,6 +123,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--procs", type=int, default=2, help="client processes")
     parser.add_argument("--producers", type=int, default=32, help="submitters a process")
+    parser.add_argument("--consumers", type=int, default=12, help="readers a process")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     results = []
