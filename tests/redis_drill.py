@@ -2,18 +2,21 @@
 Sentinel or Cluster deployment, SIGKILL a master, count turns lost and duplicated, the
 longest stall and the recovery after the promotion.
 
-Each session is a `/v1/stream` client that says `turn N of session S` (a text turn: the
+Each session is a `/v1/stream` client that types `turn N of session S` (a text turn: the
 gateway saves the session and sends TTS jobs; the fake TTS answers 0.3 s of tone per
-word) again and again. A turn is *lost* when no `response.done` comes within the turn
-timeout, when it is not `completed`, or when its audio is short or its text wrong; it is
-*duplicated* when its audio is longer than one answer or a second `response.done` shows.
-Used by tests/e2e/test_redis_failover.py and benchmarks/redis_failover.py.
+word) again and again; the first `spoken` sessions speak instead (VAD, a final ASR job
+whose fake transcript "hello there" the echo agent says back). A turn is *lost* when no
+`response.done` comes within the turn timeout, when it is not `completed`, or when its
+audio is short or its text wrong; it is *duplicated* when its audio is longer than one
+answer or a second `response.done` shows. Used by tests/e2e/test_redis_failover.py and
+benchmarks/redis_failover.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import os
 import statistics
@@ -35,10 +38,13 @@ from services.common.bus import Keys
 from services.common.settings import RedisSettings
 from tests.redis_ha import ClusterSet, SentinelSet
 from tests.servers import ServerThread
+from tests.speech import speak
 
 Kind = Literal["sentinel", "cluster"]
 WORDS = 5  # "turn N of session S"
 TURN_TIMEOUT_S = 30.0
+OUTPUT_RATE = 24000  # the session's default output rate
+SPOKEN_ANSWER = "hello there"  # what the fake ASR hears, and the echo agent says back
 
 
 class CountingAsr(FakeAsrEngine):
@@ -59,6 +65,7 @@ class Turn:
     session: int
     n: int
     started: float
+    expected_bytes: int = 0
     done_at: float | None = None
     status: str | None = None
     text_ok: bool = False
@@ -71,6 +78,7 @@ class Turn:
 class Load:
     urls: list[str]
     sessions: int
+    spoken: int = 0  # the first `spoken` sessions speak (VAD, a final ASR job) instead
     turns: list[Turn] = field(default_factory=list)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     reconnects: int = 0
@@ -98,13 +106,19 @@ class Load:
                 await asyncio.sleep(0.5)
 
     async def _turn(self, client: StreamClient, index: int, n: int) -> bool:
-        text = f"turn {n} of session {index}."
-        record = Turn(index, n, time.monotonic())
+        spoken = index < self.spoken
+        text = SPOKEN_ANSWER if spoken else f"turn {n} of session {index}."
+        words = len(text.split())
+        record = Turn(index, n, time.monotonic(), int(words * 0.3 * OUTPUT_RATE) * 2)
         self.turns.append(record)
         received = client.new_turn()
-        await client.send({"type": "conversation.text", "text": text})
         try:
-            done = await client.wait_for("response.done", TURN_TIMEOUT_S)
+            if spoken:
+                await client.speak(_utterance(), 16000)
+                done = await client.silence_until("response.done", TURN_TIMEOUT_S)
+            else:
+                await client.send({"type": "conversation.text", "text": text})
+                done = await client.wait_for("response.done", TURN_TIMEOUT_S)
         except TimeoutError:
             record.status = "timeout"
             return False
@@ -118,21 +132,23 @@ class Load:
         return record.status == "completed"
 
 
-def expected_audio_bytes(rate: int = 24000) -> int:
-    return int(WORDS * 0.3 * rate) * 2
+@functools.cache
+def _utterance() -> Any:
+    return speak("what is the weather like today", 16000)
 
 
-def score(load: Load, killed: float, promoted: float, rate: int = 24000) -> dict[str, Any]:
+def score(load: Load, killed: float, promoted: float) -> dict[str, Any]:
     """Lost, duplicated, stall and recovery figures of one drill."""
-    expected = expected_audio_bytes(rate)
-    tolerance = rate // 50 * 2 * WORDS  # 20 ms a word
+    tolerance = OUTPUT_RATE // 50 * 2 * WORDS  # 20 ms a word
     finished = [t for t in load.turns if t.status is not None]
     lost = [
         t
         for t in finished
-        if t.status != "completed" or not t.text_ok or t.audio_bytes < expected - tolerance
+        if t.status != "completed" or not t.text_ok or t.audio_bytes < t.expected_bytes - tolerance
     ]
-    duplicated = [t for t in finished if t.dones > 1 or t.audio_bytes > expected + tolerance]
+    duplicated = [
+        t for t in finished if t.dones > 1 or t.audio_bytes > t.expected_bytes + tolerance
+    ]
     times = load.done_times()
     gaps = [b - a for a, b in itertools.pairwise(times) if b > killed - 5]
     after: dict[int, float] = {}
@@ -232,7 +248,12 @@ async def _recovered(load: Load, promoted: float, timeout_s: float) -> None:
 
 
 async def failover_drill(
-    kind: Kind, workdir: Path, sessions: int = 20, gateways: int = 1, asr_workers: int = 1
+    kind: Kind,
+    workdir: Path,
+    sessions: int = 20,
+    gateways: int = 1,
+    asr_workers: int = 1,
+    spoken: int = 4,
 ) -> dict[str, Any]:
     """Start the deployment and the stack, load it, kill a master, score the run."""
     ha: SentinelSet | ClusterSet = (
@@ -242,10 +263,10 @@ async def failover_drill(
         shards = 1 if kind == "sentinel" else 3
         redis = drill_settings(ha.url, shards)
         with fake_stack(redis, gateways, asr_workers) as (gws, engines):
-            load = Load([f"{gw.ws}/v1/stream" for gw in gws], sessions)
+            load = Load([f"{gw.ws}/v1/stream" for gw in gws], sessions, spoken)
             runner = asyncio.create_task(load.run())
             try:
-                await _steady(load, 2, 60)
+                await _steady(load, 1, 60)
                 if isinstance(ha, SentinelSet):
                     old, killed = ha.kill_master()
                     promoted = await asyncio.to_thread(ha.wait_promotion, old)
@@ -264,6 +285,10 @@ async def failover_drill(
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(runner, TURN_TIMEOUT_S + 10)
             result = score(load, killed, promoted)
+            result["spoken_sessions"] = spoken
+            result["spoken_turns_completed"] = sum(
+                1 for t in load.turns if t.session < spoken and t.status == "completed"
+            )
             result["kind"] = kind
             result["gateways"] = gateways
             result["shards"] = shards

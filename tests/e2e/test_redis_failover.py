@@ -1,9 +1,10 @@
 """THE DRILL (docs/redis-ha.md) against real Redis servers the tests start: Sentinel
 (master, two replicas, three sentinels) and Cluster (three masters, three replicas).
 
-Under 20 sessions of fake-engine turns a master is SIGKILLed; no turn may be lost or
-duplicated and every session must carry on soon after the promotion (the figures of a
-recorded run: benchmarks/results/redis_failover.json, `python -m benchmarks.redis_failover`).
+Under 20 sessions of fake-engine turns (16 typed, 4 spoken) a master is SIGKILLed; no
+turn may be lost or duplicated and every session must carry on soon after the promotion
+(the figures of a recorded run: benchmarks/results/redis_failover.json, `python -m
+benchmarks.redis_failover`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ def check(result: dict[str, object]) -> None:
     recovery = result["recovery_after_promotion_s"]
     assert isinstance(recovery, float) and recovery <= RECOVERY_BOUND_S, result
     assert isinstance(result["turns_completed"], int) and result["turns_completed"] >= 60
+    spoken = result["spoken_turns_completed"]  # through VAD and a final ASR job each
+    assert isinstance(spoken, int) and spoken >= 8, result
 
 
 @pytest.mark.timeout(150)
