@@ -18,6 +18,7 @@ from redis.crc import key_slot
 
 from services.client.stream import StreamClient
 from services.common.bus import Keys
+from services.ops.doctor_checks import check_redis
 from tests.redis_drill import drill_settings, failover_drill, fake_stack
 from tests.redis_ha import ClusterSet
 from tests.speech import speak
@@ -63,6 +64,7 @@ async def test_two_gateways_two_asr_workers_on_a_cluster(tmp_path: Path) -> None
     """Sessions spread over two gateways, ASR jobs over two workers and three shards
     (one per master), and every result reaches the gateway that owns the session."""
     with ClusterSet(tmp_path) as cluster:
+        assert check_redis(cluster.url).status == "OK"  # voice-agent doctor reads a cluster URL
         redis = drill_settings(cluster.url, shards=3)
         with fake_stack(redis, gateways=2, asr_workers=2) as (gateways, engines):
             urls = [f"{gw.ws}/v1/stream" for gw in gateways]
