@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,8 @@ def main() -> None:
             print(json.dumps(rows[-1]), flush=True)
     result = {
         "benchmark": "barge_in",
-        "profile": "lite (pocketsphinx + espeak-ng + silero VAD)",
+        "profile": "lite (faster-whisper tiny.en + Piper joe + Silero VAD)",
+        "end_of_turn": os.environ.get("VA_GATEWAY__END_OF_TURN", "auto"),
         "settings": {"min_speech_ms": 250, "barge_in_min_ms": 300, "output_lead_ms": 200},
         "summary": {"time_to_silence_ms": summary([r["time_to_silence_ms"] for r in rows])},
         "trials": rows,

@@ -16,6 +16,9 @@ from services.ops.redis_server import free_port, start_redis
 from tests.servers import ServerThread
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# The suite predates authentication: services it starts (in process or as subprocesses) run
+# with it off unless a test turns it on (`AuthSettings(required=True)`, tests/e2e/test_auth.py).
+os.environ.setdefault("VA_AUTH__REQUIRED", "false")
 
 
 @dataclass

@@ -27,6 +27,7 @@ from services.common.devices import cuda_index
 from services.common.lifecycle import Background
 from services.common.listener import HearingBatcher
 from services.common.service import ServiceState, install_ops
+from services.common.tokens_api import install_auth
 from services.common.vad import SileroVad
 from services.common.worker import JobWorker
 
@@ -90,6 +91,7 @@ def create_app(settings: AsrSettings, engine: AsrEngine | None = None) -> FastAP
 
     app = FastAPI(title="voice-agent ASR", lifespan=lifespan)
     install_ops(app, state)
+    install_auth(app, settings.auth, redis, settings.redis.prefix, "asr")
     app.include_router(router(batcher, int(section.max_upload_mb * 1024 * 1024)))
 
     @app.websocket("/v1/stream/asr")

@@ -14,6 +14,7 @@ from services.asr.engines.base import AsrInput, Transcript
 from services.common import metrics
 from services.common.audio import decode_file
 from services.common.errors import InvalidAudio, InvalidMessage
+from services.common.guard import meter_of
 
 ResponseFormat = Literal["json", "text", "verbose_json", "srt", "vtt"]
 
@@ -93,6 +94,9 @@ def router(batcher: Batcher, max_upload_bytes: int) -> APIRouter:
         if len(data) > max_upload_bytes:
             raise UploadTooLarge(f"the upload exceeds the limit of {max_upload_bytes} bytes")
         audio = await asyncio.to_thread(decode_file, data, batcher.engine.sample_rate)
+        meter = meter_of(request)  # the whole file counts before it is transcribed
+        await meter.add_ms(1000 * audio.size / batcher.engine.sample_rate)
+        await meter.flush()
         transcript = await batcher.transcribe(AsrInput(audio, language or None))
         metrics.REQUEST_DURATION.labels("asr", "transcriptions").observe(
             time.perf_counter() - started

@@ -17,6 +17,7 @@ from services.asr.batcher import Batcher
 from services.asr.engines.base import AsrInput, Transcript
 from services.asr.metrics import ASR_SPECULATIVE
 from services.common.audio import AudioF32
+from services.common.auth import app_subprotocol
 from services.common.errors import UnsupportedSampleRate, VoiceAgentError
 from services.common.events import (
     ASR_CLIENT_EVENTS,
@@ -27,6 +28,8 @@ from services.common.events import (
     SegmentStarted,
     parse,
 )
+from services.common.guard import meter_of
+from services.common.limits import NO_METER
 from services.common.listener import HearingBatcher, Listener
 from services.common.service import ServiceState
 from services.common.turns import SpeechEnd, SpeechPause, SpeechStart, TurnEvent
@@ -48,6 +51,8 @@ class AsrStream:
         speculate: bool = True,
     ) -> None:
         self.channel = channel
+        self.meter = NO_METER
+        """The tenant's audio quota (charged as audio arrives)."""
         self.speculate = speculate
         self._speculation: tuple[int, asyncio.Task[Transcript | VoiceAgentError]] | None = None
         """(end_ms, its transcription) of the pause the open segment is in."""
@@ -68,6 +73,7 @@ class AsrStream:
             frame = await self.channel.receive()
             try:
                 if frame.data is not None:
+                    await self.meter.add_pcm16(len(frame.data), self.listener.input_rate)
                     self._on_events(await self.listener.push_batched(frame.data), tasks)
                     self._maybe_partial(tasks)
                     continue
@@ -202,7 +208,7 @@ async def serve_asr_stream(
     speculate: bool = True,
 ) -> None:
     """Accept and serve one connection; errors map to events and close codes here."""
-    await ws.accept()
+    await ws.accept(subprotocol=app_subprotocol(ws.scope.get("subprotocols")))
     channel = Channel(ws, "asr", max_frame_bytes)
     state.connection_opened()
     try:
@@ -214,6 +220,7 @@ async def serve_asr_stream(
             await channel.fail(exc)
             return
         stream = AsrStream(channel, batcher, listener, language, partials, 500, speculate)
+        stream.meter = meter_of(ws)
         fatal: VoiceAgentError | None = None
         try:
             async with asyncio.TaskGroup() as tasks:

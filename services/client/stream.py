@@ -86,8 +86,11 @@ class StreamClient:
         ssl: SSLContext | None = None,
         on_message: OnMessage | None = None,
         open_timeout_s: float = 10.0,
+        api_key: str | None = None,
     ) -> None:
         self.url = url
+        self.api_key = api_key
+        """An API key or client token, sent as `Authorization: Bearer` (docs/auth.md)."""
         self.ssl = ssl
         self.on_event = on_event
         self.on_message = on_message
@@ -103,6 +106,8 @@ class StreamClient:
 
     async def __aenter__(self) -> StreamClient:
         tls: dict[str, Any] = {} if self.ssl is None else {"ssl": self.ssl}  # else: default
+        if self.api_key:
+            tls["additional_headers"] = {"Authorization": f"Bearer {self.api_key}"}
         self.ws = await websockets.connect(
             self.url,
             max_size=None,
@@ -261,14 +266,16 @@ class StreamClient:
         self._changed.set()
 
 
-async def talk(url: str, wav: Path, out: Path | None, timeout_s: float = 30.0) -> Received:
+async def talk(
+    url: str, wav: Path, out: Path | None, timeout_s: float = 30.0, api_key: str | None = None
+) -> Received:
     """Speak a wav file to the agent, print events, save the reply audio."""
 
     def show(event: dict[str, Any]) -> None:
         print(json.dumps(event), flush=True)
 
     audio, rate = read_wav(wav)
-    async with StreamClient(url, on_event=show) as client:
+    async with StreamClient(url, on_event=show, api_key=api_key) as client:
         show({"type": "session.created", "session": client.session})
         client.new_turn()
         received = await client.speak(audio, rate)

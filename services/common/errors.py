@@ -96,3 +96,42 @@ class AgentFailed(VoiceAgentError):
 
     code = "agent_failed"
     http_status = 502
+
+
+class Unauthorized(VoiceAgentError):
+    """No credential, or one that is malformed, wrong, expired or revoked (HTTP 401; on a
+    WebSocket the handshake is refused with 401 before any session exists)."""
+
+    code = "unauthorized"
+    http_status = 401
+    close_code = 1008
+    fatal = True
+
+
+class Forbidden(VoiceAgentError):
+    """A valid credential that may not do this: another tenant's session, an Origin not
+    allowed, a client token where an API key is needed (HTTP 403)."""
+
+    code = "forbidden"
+    http_status = 403
+    close_code = 1008
+    fatal = True
+
+
+class RateLimited(VoiceAgentError):
+    """A tenant over one of its rate limits (HTTP 429 with Retry-After; close 1008)."""
+
+    code = "rate_limited"
+    http_status = 429
+    close_code = 1008
+    fatal = True
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class QuotaExceeded(RateLimited):
+    """A tenant whose audio seconds for the day are used up (HTTP 429; close 1008)."""
+
+    code = "quota_exceeded"

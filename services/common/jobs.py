@@ -10,6 +10,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from services.common.auth import DEFAULT_TENANT
+
 
 class BusMessage(BaseModel):
     """Base of every message on the bus."""
@@ -26,6 +28,8 @@ class BusMessage(BaseModel):
 
 class AsrJob(BusMessage):
     kind: Literal["asr.job"] = "asr.job"
+    tenant: str = DEFAULT_TENANT
+    """Whose job it is: the gateway authenticated the session, so workers need no check."""
     session_id: str
     utterance_id: str
     reply_to: str
@@ -59,6 +63,8 @@ class AsrJob(BusMessage):
 
 class TtsJob(BusMessage):
     kind: Literal["tts.job"] = "tts.job"
+    tenant: str = DEFAULT_TENANT
+    """Whose job it is (a library voice must be this tenant's)."""
     session_id: str
     response_id: str
     seq: int = Field(ge=0)

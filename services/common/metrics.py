@@ -52,3 +52,11 @@ READY = Gauge("va_ready", "1 when the service is ready (model loaded, Redis up).
 def render() -> tuple[bytes, str]:
     """The Prometheus text exposition of this process's metrics, and its content type."""
     return generate_latest(), CONTENT_TYPE_LATEST
+
+
+AUTH_REFUSED = Counter(
+    "va_auth_refused_total",
+    "Requests and WebSocket handshakes refused at the door (no or bad credential, Origin, "
+    "another tenant's session, a limit), by service and error code.",
+    ["service", "code"],
+)

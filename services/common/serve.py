@@ -13,6 +13,8 @@ from typing import Any, TypeVar
 
 import uvicorn
 
+from services.common.auth import exposure_problem
+from services.common.redact import install_redaction
 from services.common.settings import BaseServiceSettings, ServerSettings
 from services.common.upgrade import KeepUpgradeTail
 
@@ -56,7 +58,12 @@ def run_service(
         server.host = args.host
     if args.port:
         server.port = args.port
+    problem = exposure_problem(settings.auth, server.host)
+    if problem:
+        raise SystemExit(f"voice-agent {name}: {problem}")
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    uvicorn.Server(uvicorn_config(create_app(settings), server, settings.log_level)).run()
+    config = uvicorn_config(create_app(settings), server, settings.log_level)
+    install_redaction()  # after uvicorn configured its loggers and handlers
+    uvicorn.Server(config).run()

@@ -18,12 +18,12 @@ from starlette.exceptions import HTTPException
 
 from services.common import metrics
 from services.common.errors import (
-    CapacityError,
     InvalidMessage,
     UnsupportedSampleRate,
     VoiceAgentError,
 )
 from services.common.gpu import gpu_report
+from services.common.guard import BRIEF_HEALTH, retry_headers
 from services.common.runtime import LoopLagMonitor, RecentSamples, process_figures
 from services.common.settings import ALLOWED_SAMPLE_RATES
 from services.common.ws import Channel
@@ -186,8 +186,11 @@ def install_ops(app: FastAPI, state: ServiceState) -> None:
 
     @app.get("/health")
     async def health(
+        request: Request,
         window_s: float = Query(60.0, gt=0, le=600, description="event-loop lag window"),
     ) -> dict[str, Any]:
+        if request.scope.get(BRIEF_HEALTH):  # `protect_ops` and no credential
+            return {"status": "healthy", "service": state.service}
         redis_ok = await state.redis_ok()
         return state.health(redis_ok, await asyncio.to_thread(state.gpu), window_s)
 
@@ -209,12 +212,7 @@ def install_ops(app: FastAPI, state: ServiceState) -> None:
 
     @app.exception_handler(VoiceAgentError)
     async def domain_error(_: Request, exc: VoiceAgentError) -> JSONResponse:
-        headers = (
-            {"Retry-After": str(max(1, round(exc.retry_after_s)))}
-            if isinstance(exc, CapacityError)
-            else None
-        )
-        return reply(exc, headers)
+        return reply(exc, retry_headers(exc))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:

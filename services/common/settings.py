@@ -13,6 +13,8 @@ from typing import Literal
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from services.common.auth import AuthSettings
+
 Profile = Literal["lite", "dual-gpu", "fake"]
 ALLOWED_SAMPLE_RATES = (8000, 16000, 24000, 48000)
 
@@ -88,3 +90,5 @@ class BaseServiceSettings(BaseSettings):
     """The Redis bus."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Log level."""
+    auth: AuthSettings = AuthSettings()
+    """Authentication, tenants and abuse limits (docs/auth.md)."""

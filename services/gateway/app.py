@@ -5,26 +5,31 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
+from typing import Any
 
 import httpx
 from fastapi import FastAPI, Query, Request, WebSocket
 from fastapi.responses import JSONResponse
 
+from services.common import metrics as common_metrics
+from services.common.auth import app_subprotocol, is_loopback
 from services.common.bus import connect
-from services.common.errors import CapacityError, VoiceAgentError
+from services.common.errors import CapacityError, Forbidden, VoiceAgentError
 from services.common.events import SessionConfig, SessionCreated
+from services.common.guard import meter_of, principal_of, refuse_handshake
 from services.common.jobs import BusResult
 from services.common.lifecycle import Background
 from services.common.listener import HearingBatcher, Listener
 from services.common.service import ServiceState, install_ops
+from services.common.tokens_api import install_auth
 from services.common.vad import SileroVad
 from services.common.ws import Channel, Disconnected
 from services.gateway import metrics
 from services.gateway.agent import AGENTS, Agent, Turn
 from services.gateway.bus import GatewayBus
-from services.gateway.drain import Drainer, is_loopback
+from services.gateway.drain import Drainer
 from services.gateway.llm import OpenAiAgent
 from services.gateway.session import Session, new_id
 from services.gateway.settings import GatewaySettings
@@ -32,6 +37,17 @@ from services.gateway.store import SessionStore
 from services.gateway.turn_end import EndOfTurn, create_policy, listening
 
 log = logging.getLogger(__name__)
+
+
+def token_settings(
+    config: SessionConfig, asked: Mapping[str, Any], agents: Mapping[str, object]
+) -> SessionConfig:
+    """A new session's settings with those its client token carries (an agent this gateway
+    does not have is left at the default)."""
+    update = {k: v for k, v in asked.items() if k in ("voice", "language", "instructions")}
+    if asked.get("agent") in agents:
+        update["agent"] = asked["agent"]
+    return config.model_copy(update=update) if update else config
 
 
 def create_app(
@@ -102,6 +118,7 @@ def create_app(
 
     app = FastAPI(title="voice-agent gateway", lifespan=lifespan)
     install_ops(app, state)
+    install_auth(app, settings.auth, redis, settings.redis.prefix, "gateway")
 
     @app.post("/admin/drain")
     async def drain(
@@ -110,7 +127,7 @@ def create_app(
         wait_s: float = Query(10.0, ge=0, le=600, description="wait after closing with 1012"),
     ) -> JSONResponse:
         """Drain this gateway (docs/kubernetes.md): loopback callers only."""
-        if not is_loopback(request.client.host if request.client else None):
+        if not request.client or not is_loopback(request.client.host):
             body = {"error": {"message": "drain is for local callers only", "code": "forbidden"}}
             return JSONResponse(body, 403)
         report = await drainer.drain(grace_s, wait_s)
@@ -118,7 +135,14 @@ def create_app(
 
     @app.websocket("/v1/stream")
     async def stream(ws: WebSocket, session_id: str | None = Query(None, max_length=64)) -> None:
-        await ws.accept()
+        principal = principal_of(ws)
+        try:
+            restored = await store.load(session_id, principal.tenant) if session_id else None
+        except Forbidden as exc:  # another tenant's id: no session, not even an accept
+            common_metrics.AUTH_REFUSED.labels("gateway", exc.code).inc()
+            await refuse_handshake(ws, exc)
+            return
+        await ws.accept(subprotocol=app_subprotocol(ws.scope.get("subprotocols")))
         channel = Channel(ws, "gateway", section.server.ws_max_frame_bytes)
         if state.draining or len(sessions) >= section.max_sessions:
             metrics.SESSIONS_REFUSED.labels("draining" if state.draining else "capacity").inc()
@@ -130,8 +154,8 @@ def create_app(
             agent=section.default_agent,
             language=section.default_language,
         )
+        config = token_settings(config, principal.session, agents)
         history: list[Turn] = []
-        restored = await store.load(session_id) if session_id else None
         if restored is not None and restored[0].id not in sessions:
             config, history = restored
             config = config.model_copy(update={"resumed": True})
@@ -154,6 +178,7 @@ def create_app(
                     end_of_turn=end_of_turn,
                 )
                 session.history = history
+                session.tenant, session.meter = principal.tenant, meter_of(ws)
                 sessions[config.id] = session
                 drainer.opened()
                 await channel.send(SessionCreated(session=config))
@@ -168,7 +193,7 @@ def create_app(
         finally:
             ended = sessions.pop(config.id, None)
             if ended is not None:
-                await store.save(ended.config, ended.history)
+                await store.save(ended.config, ended.history, principal.tenant)
             drainer.closed()
             metrics.SESSIONS.dec()
             state.connection_closed()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 from collections.abc import Mapping
 from typing import Protocol
@@ -43,16 +42,6 @@ class DrainReport(BaseModel):
     ended_in_grace: int
     closed_1012: int
     remaining: int
-
-
-def is_loopback(host: str | None) -> bool:
-    """Whether a request came from this host (the drain is not for remote callers)."""
-    if host is None:
-        return False
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class Drainer:

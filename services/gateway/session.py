@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.common.audio import AudioF32, float_to_pcm16, ms_to_samples
+from services.common.auth import DEFAULT_TENANT
 from services.common.errors import (
     AgentFailed,
     AsrUnavailable,
@@ -46,6 +47,7 @@ from services.common.events import (
     parse,
 )
 from services.common.jobs import AsrJob, AsrResult, BusResult, JobFailed, TtsChunk, TtsDone, TtsJob
+from services.common.limits import NO_METER
 from services.common.listener import Listener
 from services.common.turns import SpeechEnd, SpeechPause, SpeechStart, TurnEvent
 from services.common.ws import Channel
@@ -168,6 +170,9 @@ class Session:
         self.clock = clock
         self.end_of_turn = end_of_turn or SilenceOnly(settings)
         self.history: list[Turn] = []
+        self.tenant = DEFAULT_TENANT
+        """Whose session it is: its jobs carry it, its audio counts against its quota."""
+        self.meter = NO_METER
         self.inbox: asyncio.Queue[tuple[BusResult, bytes | None, float]] = asyncio.Queue(
             settings.inbox_size
         )
@@ -209,6 +214,7 @@ class Session:
     async def _hear(self, pcm: bytes) -> None:
         """One audio frame: its VAD result (timed), turn events, barge-in and partials."""
         received_at = self.clock()
+        await self.meter.add_pcm16(len(pcm), self.config.input_sample_rate)
         events = await self.listener.push_batched(pcm)
         metrics.HEARING.record(self.clock() - received_at)
         await self._on_turn_events(events)
@@ -311,6 +317,7 @@ class Session:
         self._partial = (utterance_id, self.clock())
         job = AsrJob(
             job_id=new_id("asrp"),
+            tenant=self.tenant,
             session_id=self.config.id,
             utterance_id=utterance_id,
             reply_to=self.bus.reply_to,
@@ -387,6 +394,7 @@ class Session:
     def _asr_job(self, utterance_id: str, job_id: str) -> AsrJob:
         return AsrJob(
             job_id=job_id,
+            tenant=self.tenant,
             session_id=self.config.id,
             utterance_id=utterance_id,
             reply_to=self.bus.reply_to,
@@ -619,6 +627,7 @@ class Session:
         style = self.config.tts
         job = TtsJob(
             job_id=new_id("tts"),
+            tenant=self.tenant,
             session_id=self.config.id,
             response_id=active.id,
             seq=seq,

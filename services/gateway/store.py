@@ -6,12 +6,15 @@ whose gateway restarted reconnects through the load balancer to whichever is up.
 
 from __future__ import annotations
 
+import hmac
 import logging
 
 from pydantic import BaseModel, ValidationError
 from redis.asyncio import Redis
 
+from services.common.auth import DEFAULT_TENANT
 from services.common.bus import Keys, durable_set
+from services.common.errors import Forbidden
 from services.common.events import SessionConfig
 from services.common.settings import RedisSettings
 from services.common.worker import REDIS_DOWN
@@ -25,6 +28,8 @@ class StoredSession(BaseModel):
 
     config: SessionConfig
     history: list[Turn]
+    tenant: str = DEFAULT_TENANT
+    """Whose session it is: only a credential of this tenant resumes it."""
 
 
 class SessionStore:
@@ -42,11 +47,14 @@ class SessionStore:
     def key(self, session_id: str) -> str:
         return self.keys.session(session_id)
 
-    async def save(self, config: SessionConfig, history: list[Turn]) -> None:
+    async def save(
+        self, config: SessionConfig, history: list[Turn], tenant: str = DEFAULT_TENANT
+    ) -> None:
         """Write the session (a Redis outage only loses resumability, so it is logged)."""
         stored = StoredSession(
             config=config.model_copy(update={"resumed": None}),
             history=history,
+            tenant=tenant,
         )
         try:
             await durable_set(
@@ -55,8 +63,11 @@ class SessionStore:
         except REDIS_DOWN as exc:
             log.warning("could not save session %s: %s", config.id, exc)
 
-    async def load(self, session_id: str) -> tuple[SessionConfig, list[Turn]] | None:
-        """The stored session, or None when unknown, expired or out of reach (Redis down)."""
+    async def load(
+        self, session_id: str, tenant: str = DEFAULT_TENANT
+    ) -> tuple[SessionConfig, list[Turn]] | None:
+        """The stored session, or None when unknown, expired or out of reach (Redis down);
+        Forbidden when it is another tenant's (its id leaked or was guessed)."""
         try:
             raw = await self.redis.get(self.key(session_id))
         except REDIS_DOWN as exc:
@@ -69,4 +80,6 @@ class SessionStore:
         except ValidationError:
             log.error("stored session %s is unreadable: starting afresh", session_id)
             return None
+        if not hmac.compare_digest(stored.tenant.encode(), tenant.encode()):
+            raise Forbidden("this session belongs to another tenant")
         return stored.config, stored.history

@@ -3,6 +3,7 @@
 voice-agent up                       Redis (if none) + ASR + TTS + gateway, until Ctrl-C
 voice-agent asr|tts|gateway [--port] one service
 voice-agent client --wav FILE        talk to the agent with a wav file
+voice-agent keys create|list|revoke  API keys (authentication; docs/auth.md)
 voice-agent doctor                   check GPUs, models, Redis, ports and nginx
 voice-agent models pull NAME [--dir] download model weights (models list: the names)
 voice-agent loadtest --sessions 1,5,10 simulated users against /v1/stream; JSON + plots
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import os
 import signal
 import subprocess
 import sys
@@ -28,9 +30,11 @@ from typing import Any
 
 import httpx
 
+from services.common.auth import is_loopback
 from services.common.extras import MissingExtra
 from services.loadtest.cli import add_loadtest_command
 from services.ops.doctor import add_parser as add_doctor_command
+from services.ops.keys import add_keys_command
 from services.ops.models import add_models_command
 from services.ops.redis_server import reachable, start_redis
 from services.ops.registry import SERVICES, load_settings, server_section
@@ -77,9 +81,27 @@ def _service_urls() -> dict[str, str]:
     return urls
 
 
+def _service_env() -> dict[str, str]:
+    """The services' environment: authentication off when every service binds loopback
+    and the setting is not given (`make run` on a laptop needs no key), else as set."""
+    env = dict(os.environ)
+    hosts = [server_section(load_settings(name), name).host for name in SERVICES]
+    if "VA_AUTH__REQUIRED" not in env and all(is_loopback(host) for host in hosts):
+        env["VA_AUTH__REQUIRED"] = "false"
+        print(
+            "authentication is off: every service listens on loopback only "
+            "(set VA_AUTH__REQUIRED=true to try keys; see docs/auth.md)",
+            flush=True,
+        )
+    return env
+
+
 def up(args: argparse.Namespace) -> None:
     """Start everything, print where to connect, stop everything on Ctrl-C or SIGTERM."""
     signal.signal(signal.SIGTERM, _interrupt)
+    # Ctrl-C stops everything even where `up` was started with SIGINT ignored (a
+    # background job of a script inherits that, and Python then keeps ignoring it)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     settings = load_settings("gateway")
     procs: list[subprocess.Popen[bytes]] = []
     if not reachable(settings.redis.url):
@@ -89,9 +111,10 @@ def up(args: argparse.Namespace) -> None:
         print(f"no Redis at {settings.redis.url}: starting one on port {port}", flush=True)
         procs.append(start_redis(port, Path(args.state_dir) / "redis"))
     urls = _service_urls()
+    env = _service_env()
     try:
         for name in SERVICES:
-            procs.append(subprocess.Popen([sys.executable, "-m", SERVICES[name].module]))
+            procs.append(subprocess.Popen([sys.executable, "-m", SERVICES[name].module], env=env))
         wait_ready(urls, procs[-len(SERVICES) :], STARTUP_TIMEOUT_S)
         agent = urls["gateway"].replace("http://", "ws://") + "/v1/stream"
         print(
@@ -135,7 +158,9 @@ def client(args: argparse.Namespace) -> None:
     """Talk to the agent with a wav file."""
     from services.client.stream import talk
 
-    asyncio.run(talk(args.url, Path(args.wav), Path(args.out) if args.out else None, args.timeout))
+    out = Path(args.out) if args.out else None
+    key = os.environ.get("VA_API_KEY") or None  # from the environment: never in `ps` or history
+    asyncio.run(talk(args.url, Path(args.wav), out, args.timeout, key))
 
 
 def config(args: argparse.Namespace) -> None:
@@ -174,7 +199,10 @@ def parser() -> argparse.ArgumentParser:
     for service in SERVICES:
         p = sub.add_parser(service, help=f"run the {service} service", add_help=False)
         p.set_defaults(func=None, service=service)
-    p_client = sub.add_parser("client", help="stream a wav file to /v1/stream")
+    p_client = sub.add_parser(
+        "client",
+        help="stream a wav file to /v1/stream (an API key, if needed, in VA_API_KEY)",
+    )
     p_client.add_argument("--wav", required=True, help="a 16-bit PCM wav file")
     p_client.add_argument("--url", default="ws://127.0.0.1:8000/v1/stream")
     p_client.add_argument("--out", default="reply.wav", help="where to save the agent's audio")
@@ -188,6 +216,7 @@ def parser() -> argparse.ArgumentParser:
     p_drain.add_argument("--grace", type=float, default=30.0, help="seconds sessions get to end")
     p_drain.add_argument("--wait", type=float, default=10.0, help="seconds to wait after 1012")
     p_drain.set_defaults(func=drain)
+    add_keys_command(sub)
     add_doctor_command(sub)
     add_models_command(sub)
     add_loadtest_command(sub)

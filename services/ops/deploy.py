@@ -67,6 +67,8 @@ class NginxSite:
     tls_key: Path = Path("/etc/voice-agent/tls/privkey.pem")
     conn_per_ip: int = 20
     conn_per_server: int = 4000
+    token_rate: int = 30
+    """POST /v1/sessions per client address per minute (bursts of a tenth of it pass)."""
     ws_timeout_s: int = 3600
     shutdown_timeout_s: int = 60
     max_body_mb: int = 26
@@ -81,8 +83,8 @@ class NginxSite:
             raise ValueError(
                 f"ws_timeout_s must exceed the {WS_PING_INTERVAL_S} s WebSocket ping interval"
             )
-        if min(self.conn_per_ip, self.conn_per_server, self.max_body_mb) < 1:
-            raise ValueError("connection limits and max_body_mb must be at least 1")
+        if min(self.conn_per_ip, self.conn_per_server, self.max_body_mb, self.token_rate) < 1:
+            raise ValueError("connection limits, token_rate and max_body_mb must be at least 1")
         if not re.fullmatch(r"[A-Za-z0-9_.* -]+", self.server_name):
             raise ValueError(f"bad server_name: {self.server_name!r}")
 
@@ -123,6 +125,8 @@ class NginxSite:
             "MAX_BODY": f"{self.max_body_mb}m",
             "CONN_PER_IP": str(self.conn_per_ip),
             "CONN_PER_SERVER": str(self.conn_per_server),
+            "TOKEN_RATE": str(self.token_rate),
+            "TOKEN_BURST": str(max(1, self.token_rate // 10)),
             "WS_TIMEOUT": f"{self.ws_timeout_s}s",
         }
 

@@ -19,6 +19,7 @@ from services.common.bus import (
 from services.common.devices import cuda_index
 from services.common.lifecycle import Background
 from services.common.service import ServiceState, install_ops
+from services.common.tokens_api import install_auth
 from services.common.worker import JobWorker
 from services.tts.consumer import TtsJobHandler
 from services.tts.engines import create_engine
@@ -90,6 +91,7 @@ def create_app(settings: TtsSettings, engine: TtsEngine | None = None) -> FastAP
 
     app = FastAPI(title="voice-agent TTS", lifespan=lifespan)
     install_ops(app, state)
+    install_auth(app, settings.auth, redis, settings.redis.prefix, "tts")
     app.include_router(router(synthesizer, section.max_input_chars))
     app.include_router(voices_router(synthesizer, library))
 

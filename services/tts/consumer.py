@@ -50,7 +50,8 @@ class TtsJobHandler:
             return "cancelled", 0, 0
         request = self.synthesizer.request(job.text, job.voice, job)
         index = samples = 0
-        async with aclosing(self.synthesizer.stream(request, job.sample_rate)) as chunks:
+        stream = self.synthesizer.stream(request, job.sample_rate, job.tenant)
+        async with aclosing(stream) as chunks:
             async for chunk in chunks:
                 await self._publish(job, job.chunk(index).dump(), float_to_pcm16(chunk))
                 index += 1

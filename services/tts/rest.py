@@ -15,7 +15,7 @@ from contextlib import aclosing
 from typing import Annotated, Any
 
 import numpy as np
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -23,6 +23,7 @@ from services.common import metrics
 from services.common.audio import encode_audio, float_to_pcm16, media_type, supported_encodings
 from services.common.errors import InvalidMessage
 from services.common.events import NOT_BLANK
+from services.common.guard import principal_of
 from services.tts.engines.base import SpeechRequest
 from services.tts.synthesizer import Synthesizer
 
@@ -56,7 +57,8 @@ def router(synthesizer: Synthesizer, max_input_chars: int) -> APIRouter:
     formats = supported_encodings()
 
     @api.post("/v1/audio/speech", response_model=None)
-    async def speech(body: SpeechBody) -> Response:
+    async def speech(body: SpeechBody, http: Request) -> Response:
+        tenant = principal_of(http).tenant
         started = time.perf_counter()
         if body.response_format not in formats:
             raise InvalidMessage(
@@ -70,8 +72,8 @@ def router(synthesizer: Synthesizer, max_input_chars: int) -> APIRouter:
         default_rate = OPENAI_PCM_RATE if body.response_format == "pcm" else None
         rate = body.sample_rate or default_rate or synthesizer.engine.sample_rate
         if body.response_format == "pcm":
-            return await _pcm_response(synthesizer, request, rate)
-        async with aclosing(synthesizer.stream(request, rate)) as chunks:
+            return await _pcm_response(synthesizer, request, rate, tenant)
+        async with aclosing(synthesizer.stream(request, rate, tenant)) as chunks:
             audio = [chunk async for chunk in chunks]
         samples = np.concatenate(audio) if audio else np.zeros(0, np.float32)
         data = await asyncio.to_thread(encode_audio, samples, rate, body.response_format)
@@ -82,10 +84,12 @@ def router(synthesizer: Synthesizer, max_input_chars: int) -> APIRouter:
     return api
 
 
-async def _pcm_response(synthesizer: Synthesizer, request: SpeechRequest, rate: int) -> Response:
+async def _pcm_response(
+    synthesizer: Synthesizer, request: SpeechRequest, rate: int, tenant: str
+) -> Response:
     """Stream raw PCM; the first chunk is made before the 200 goes out, so capacity and
     engine errors still become an HTTP error status instead of a cut-off body."""
-    chunks = synthesizer.stream(request, rate)
+    chunks = synthesizer.stream(request, rate, tenant)
     try:
         first = await anext(chunks)
     except StopAsyncIteration:

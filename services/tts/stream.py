@@ -10,6 +10,7 @@ from contextlib import aclosing
 from fastapi import WebSocket
 
 from services.common.audio import float_to_pcm16, samples_to_ms
+from services.common.auth import DEFAULT_TENANT, app_subprotocol
 from services.common.errors import CapacityError, InvalidMessage, VoiceAgentError
 from services.common.events import (
     TTS_CLIENT_EVENTS,
@@ -20,6 +21,7 @@ from services.common.events import (
     TtsReady,
     parse,
 )
+from services.common.guard import principal_of
 from services.common.service import ServiceState
 from services.common.ws import Channel, Disconnected
 from services.tts.synthesizer import Synthesizer
@@ -36,7 +38,9 @@ class TtsStream:
         synthesizer: Synthesizer,
         default_rate: int,
         max_input_chars: int,
+        tenant: str = DEFAULT_TENANT,
     ) -> None:
+        self.tenant = tenant
         self.channel = channel
         self.synthesizer = synthesizer
         self.default_rate = default_rate
@@ -63,7 +67,9 @@ class TtsStream:
                 elif self.requests.full():
                     raise CapacityError(f"more than {MAX_QUEUED} requests queued")
                 else:
-                    await self.synthesizer.check_voice(message.voice)  # fail early, by id
+                    await self.synthesizer.check_voice(
+                        message.voice, self.tenant
+                    )  # fail early, by id
                     self.requests.put_nowait(message)
                     self.pending[message.id] += 1
             except VoiceAgentError as exc:  # one request refused; the connection goes on
@@ -91,7 +97,7 @@ class TtsStream:
         status: str = "completed"
         speech = self.synthesizer.request(request.text, request.voice, request)
         if request.id not in self.cancelled:
-            async with aclosing(self.synthesizer.stream(speech, rate)) as chunks:
+            async with aclosing(self.synthesizer.stream(speech, rate, self.tenant)) as chunks:
                 async for chunk in chunks:
                     if request.id in self.cancelled:
                         break
@@ -127,11 +133,12 @@ async def serve_tts_stream(
     max_frame_bytes: int,
     max_input_chars: int,
 ) -> None:
-    """Accept and serve one connection."""
-    await ws.accept()
+    """Accept and serve one connection (the guard has checked its credential)."""
+    await ws.accept(subprotocol=app_subprotocol(ws.scope.get("subprotocols")))
     channel = Channel(ws, "tts", max_frame_bytes)
     state.connection_opened()
-    stream = TtsStream(channel, synthesizer, default_rate, max_input_chars)
+    tenant = principal_of(ws).tenant
+    stream = TtsStream(channel, synthesizer, default_rate, max_input_chars, tenant)
     try:
         await channel.send(TtsReady())
         async with asyncio.TaskGroup() as tasks:

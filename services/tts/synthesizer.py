@@ -22,6 +22,7 @@ from typing import Final, Protocol
 import numpy as np
 
 from services.common.audio import AudioF32, StreamResampler, ms_to_samples
+from services.common.auth import DEFAULT_TENANT
 from services.common.errors import CapacityError, UnknownVoice
 from services.tts.engines.base import SpeechRequest, TtsEngine
 from services.tts.metrics import TTS_AUDIO_SECONDS, TTS_FIRST_AUDIO, TTS_RTF
@@ -112,20 +113,21 @@ class Synthesizer:
             "default voice) or one of GET /v1/voices"
         )
 
-    async def check_voice(self, voice: str | None) -> None:
-        """UnknownVoice now for a voice that nothing answers to (a library id included), so
-        a request is refused before any of its audio is announced."""
+    async def check_voice(self, voice: str | None, tenant: str = DEFAULT_TENANT) -> None:
+        """UnknownVoice now for a voice that nothing answers to (a library id included, or
+        another tenant's), so a request is refused before any of its audio is announced."""
         resolved = self.resolve_voice(voice)
         if self.library is not None and is_library_id(resolved):
-            await self._library_info(self.library, resolved)
+            await self._library_info(self.library, resolved, tenant)
 
     async def stream(
-        self, request: SpeechRequest, sample_rate: int
+        self, request: SpeechRequest, sample_rate: int, tenant: str = DEFAULT_TENANT
     ) -> AsyncGenerator[AudioF32, None]:
-        """Yield chunks of `chunk_ms` at `sample_rate`. Stop iterating to cancel."""
+        """Yield chunks of `chunk_ms` at `sample_rate`, in a voice `tenant` may use. Stop
+        iterating to cancel."""
         if self.waiting >= self.max_queue:
             raise CapacityError(f"TTS queue is full ({self.max_queue} waiting)", retry_after_s=1)
-        request = await self._library_voice(request)
+        request = await self._library_voice(request, tenant)
         self.waiting += 1
         try:
             await self._slots.acquire()
@@ -139,18 +141,18 @@ class Synthesizer:
             self.active -= 1
             self._slots.release()
 
-    async def _library_voice(self, request: SpeechRequest) -> SpeechRequest:
+    async def _library_voice(self, request: SpeechRequest, tenant: str) -> SpeechRequest:
         """The request with a library voice id replaced by the engine voice speaking it."""
         if self.library is None or not is_library_id(request.voice):
             return request
-        info = await self._library_info(self.library, request.voice)
+        info = await self._library_info(self.library, request.voice, tenant)
         clip = await self.library.local_clip(info)
         voice = self.engine.library_voice(info.speaker(clip))
         return dataclasses.replace(request, voice=voice)
 
     @staticmethod
-    async def _library_info(library: VoiceLibrary, voice_id: str) -> VoiceInfo:
-        info = await library.get(voice_id)
+    async def _library_info(library: VoiceLibrary, voice_id: str, tenant: str) -> VoiceInfo:
+        info = await library.get(voice_id, tenant)
         if info is None:
             raise UnknownVoice(
                 f"unknown voice {voice_id!r}: it was deleted or never existed; see GET /v1/voices"

@@ -29,6 +29,7 @@ import numpy as np
 from redis.asyncio import Redis
 
 from services.common.audio import AudioF32, decode_file, encode_audio
+from services.common.auth import DEFAULT_TENANT
 from services.common.errors import InvalidAudio, InvalidMessage
 from services.tts.engines.base import LibraryVoice
 from services.tts.settings import VoiceLibrarySettings
@@ -111,6 +112,8 @@ class VoiceInfo:
     created_at: float
     espeak_voice: str | None = None
     piper_voice: str | None = None
+    tenant: str = DEFAULT_TENANT
+    """Whose voice it is: only this tenant lists, uses or deletes it."""
 
     def speaker(self, clip: Path) -> LibraryVoice:
         """What an engine needs to speak with this voice (its clip on this host)."""
@@ -132,11 +135,13 @@ class VoiceInfo:
             created_at=float(raw["created_at"]),
             espeak_voice=raw.get("espeak_voice"),
             piper_voice=raw.get("piper_voice"),
+            tenant=raw.get("tenant", DEFAULT_TENANT),
         )
 
     def public(self) -> dict[str, Any]:
         """The JSON the API returns."""
         body = asdict(self)
+        del body["tenant"]
         body["duration_s"] = round(self.duration_s, 3)
         body["rms_dbfs"] = round(self.rms_dbfs, 1)
         body["peak"] = round(self.peak, 3)
@@ -154,9 +159,12 @@ class VoiceLibrary:
     def _key(self, voice_id: str, part: str = "") -> str:
         return f"{self.prefix}:voice:{voice_id}{part}"
 
-    @property
-    def _index(self) -> str:
-        return f"{self.prefix}:voices"
+    def _index(self, tenant: str) -> str:
+        """The tenant's set of voice ids (the default tenant's is the one from before
+        tenants, so a library made then stays the default tenant's)."""
+        if tenant == DEFAULT_TENANT:
+            return f"{self.prefix}:voices"
+        return f"{self.prefix}:t:{tenant}:voices"
 
     def clip_path(self, voice_id: str) -> Path:
         return self.settings.dir / f"{voice_id}.wav"
@@ -168,9 +176,10 @@ class VoiceLibrary:
         name: str,
         espeak_voice: str | None = None,
         piper_voice: str | None = None,
+        tenant: str = DEFAULT_TENANT,
     ) -> VoiceInfo:
-        """Store a validated clip; InvalidMessage when the library is full."""
-        if await self.redis.scard(self._index) >= self.settings.max_voices:
+        """Store a validated clip; InvalidMessage when the tenant's library is full."""
+        if await self.redis.scard(self._index(tenant)) >= self.settings.max_voices:
             raise InvalidMessage(
                 f"the voice library is full ({self.settings.max_voices} voices): delete one first"
             )
@@ -184,35 +193,41 @@ class VoiceLibrary:
             created_at=time.time(),
             espeak_voice=espeak_voice,
             piper_voice=piper_voice,
+            tenant=tenant,
         )
         wav = await asyncio.to_thread(encode_audio, samples, info.sample_rate, "wav")
         await asyncio.to_thread(_write_atomically, self.clip_path(info.id), wav)
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.set(self._key(info.id, ":clip"), wav)
             pipe.hset(self._key(info.id), mapping=info.to_redis())  # type: ignore[arg-type]
-            pipe.sadd(self._index, info.id)
+            pipe.sadd(self._index(tenant), info.id)
             await pipe.execute()
         return info
 
-    async def get(self, voice_id: str) -> VoiceInfo | None:
-        """The voice's metadata; None when it is not (or no longer) in the library."""
+    async def get(self, voice_id: str, tenant: str | None = None) -> VoiceInfo | None:
+        """The voice's metadata; None when it is not (or no longer) in the library, or is
+        not `tenant`'s (None: anyone's)."""
         if not is_library_id(voice_id):
             return None
         fields = await self.redis.hgetall(self._key(voice_id))
-        return VoiceInfo.from_redis(fields) if fields else None
+        info = VoiceInfo.from_redis(fields) if fields else None
+        if info is not None and tenant is not None and info.tenant != tenant:
+            return None
+        return info
 
-    async def list(self) -> list[VoiceInfo]:
-        """Every library voice, oldest first."""
-        ids = sorted(_text(v) for v in await self.redis.smembers(self._index))
-        found = await asyncio.gather(*(self.get(voice_id) for voice_id in ids))
+    async def list(self, tenant: str = DEFAULT_TENANT) -> list[VoiceInfo]:
+        """The tenant's library voices, oldest first."""
+        ids = sorted(_text(v) for v in await self.redis.smembers(self._index(tenant)))
+        found = await asyncio.gather(*(self.get(voice_id, tenant) for voice_id in ids))
         return sorted((v for v in found if v is not None), key=lambda v: v.created_at)
 
-    async def delete(self, voice_id: str) -> bool:
-        """Remove a voice everywhere it is stored; False when there was none."""
-        if await self.get(voice_id) is None:
+    async def delete(self, voice_id: str, tenant: str = DEFAULT_TENANT) -> bool:
+        """Remove one of the tenant's voices everywhere it is stored; False when it has
+        no such voice."""
+        if await self.get(voice_id, tenant) is None:
             return False
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.srem(self._index, voice_id)
+            pipe.srem(self._index(tenant), voice_id)
             pipe.delete(self._key(voice_id), self._key(voice_id, ":clip"))
             await pipe.execute()
         await asyncio.to_thread(self.clip_path(voice_id).unlink, missing_ok=True)

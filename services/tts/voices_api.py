@@ -11,10 +11,11 @@ import asyncio
 import re
 from typing import Annotated, Any
 
-from fastapi import APIRouter, File, Form, UploadFile
+from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import JSONResponse
 
 from services.common.errors import InvalidMessage, UnknownVoice
+from services.common.guard import principal_of
 from services.tts.synthesizer import OPENAI_VOICES, Synthesizer
 from services.tts.voices import VoiceLibrary, decode_clip
 
@@ -51,6 +52,7 @@ def router(synthesizer: Synthesizer, library: VoiceLibrary) -> APIRouter:
 
     @api.post("/v1/voices", status_code=201)
     async def upload(
+        request: Request,
         file: Annotated[UploadFile, File()],
         name: Annotated[str, Form()],
         espeak_voice: Annotated[str | None, Form()] = None,
@@ -61,23 +63,24 @@ def router(synthesizer: Synthesizer, library: VoiceLibrary) -> APIRouter:
         piper = _stand_in("piper_voice", piper_voice, _PIPER_VOICE, "joe")
         data = await file.read(library.settings.max_upload_bytes + 1)  # over: decode_clip says so
         samples, stats = await asyncio.to_thread(decode_clip, data, library.settings)
-        info = await library.add(samples, stats, label, espeak, piper)
+        tenant = principal_of(request).tenant
+        info = await library.add(samples, stats, label, espeak, piper, tenant)
         try:  # the engine may refuse it (an unknown stand-in) or fail to prepare it
             clip = await library.local_clip(info)
             voice = engine.library_voice(info.speaker(clip))
             await asyncio.to_thread(engine.prepare_voice, voice)
         except BaseException:
-            await library.delete(info.id)
+            await library.delete(info.id, tenant)
             engine.forget_voice(info.id)
             raise
         return {**info.public(), "engine": engine.name}
 
     @api.get("/v1/voices")
-    async def voices() -> dict[str, Any]:
+    async def voices(request: Request) -> dict[str, Any]:
         builtin = [{"id": v, "engine": engine.name, "source": "engine"} for v in engine.voices()]
         stored = [
             {**info.public(), "engine": engine.name, "source": "library"}
-            for info in await library.list()
+            for info in await library.list(principal_of(request).tenant)
         ]
         return {
             "default": engine.default_voice,
@@ -86,8 +89,8 @@ def router(synthesizer: Synthesizer, library: VoiceLibrary) -> APIRouter:
         }
 
     @api.delete("/v1/voices/{voice_id}")
-    async def delete(voice_id: str) -> JSONResponse:
-        if not await library.delete(voice_id):
+    async def delete(voice_id: str, request: Request) -> JSONResponse:
+        if not await library.delete(voice_id, principal_of(request).tenant):
             raise VoiceNotFound(f"no voice {voice_id!r} in the library; see GET /v1/voices")
         engine.forget_voice(voice_id)
         return JSONResponse({"id": voice_id, "deleted": True})

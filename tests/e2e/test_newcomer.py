@@ -123,6 +123,8 @@ def running(newcomer: Newcomer) -> Iterator[subprocess.Popen[str]]:
         text=True,
         start_new_session=True,  # its own process group: cleaned up whole below
     )
+    # (`up` installs its own Ctrl-C handler: it must stop on SIGINT even when this test
+    # runs with SIGINT ignored, as in a background CI job)
     try:
         wait_ready(newcomer.urls, [up], 180, logs=str(newcomer.root / "up.log"))
         yield up

@@ -7,7 +7,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -116,10 +115,19 @@ def test_refreshes_until_interrupted(tmp_path: Path, services: dict[str, str]) -
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        # Ctrl-C must reach it even where this test runs with SIGINT ignored (a background
+        # CI job): a shell cannot trap a signal that was ignored when it started
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    time.sleep(1.5)
+    assert proc.stdout is not None
+    seen = []
+    while sum(line.startswith("----") for line in seen) < 3:  # two whole refreshes, then Ctrl-C
+        line = proc.stdout.readline()
+        assert line, "".join(seen)
+        seen.append(line)
     os.killpg(proc.pid, signal.SIGINT)
-    out, _ = proc.communicate(timeout=10)
+    out, _ = proc.communicate(timeout=30)
+    out = "".join(seen) + out
     assert out.count("GPU  NAME") >= 2 and out.count("----") >= 2
     assert proc.returncode == 0
 

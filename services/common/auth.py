@@ -1,0 +1,239 @@
+"""Who is calling: API keys, short-lived client tokens, and the credential of a request.
+
+An API key (`va_<id>_<secret>`) is for servers; Redis keeps only the SHA-256 of its secret
+(keys.py). A client token is a JWT (HS256) that `POST /v1/sessions` signs for a key: it
+names the tenant and the key, expires (60 s by default, 2 h at most) and may carry session
+settings. Both travel as `Authorization: Bearer ...`; a browser, which cannot set headers
+on a WebSocket, offers the token as the subprotocol `voice-agent.token.<token>` next to
+`voice-agent.v1` (or, for clients that can do neither, `?access_token=`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import re
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+from urllib.parse import parse_qsl
+
+import jwt
+from pydantic import BaseModel, Field, SecretStr, field_validator
+
+from services.common.errors import Unauthorized
+
+DEFAULT_TENANT: Final = "default"
+"""The tenant of everything when authentication is off, and of data made before it."""
+APP_SUBPROTOCOL: Final = "voice-agent.v1"
+TOKEN_SUBPROTOCOL: Final = "voice-agent.token."  # noqa: S105 (a prefix, no secret)
+TOKEN_QUERY: Final = "access_token"  # noqa: S105 (a parameter name)
+TENANT: Final = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_KEY: Final = re.compile(r"^va_([0-9a-f]{12})_([A-Za-z0-9_-]{43})$")
+_ISSUER: Final = "voice-agent"
+MAX_CREDENTIAL_CHARS: Final = 8192
+
+
+class Limits(BaseModel):
+    """Abuse limits of a tenant; on a key, unset fields take the deployment's defaults."""
+
+    sessions: int | None = Field(default=None, ge=0, le=1_000_000)
+    """Concurrent WebSocket sessions (gateway, ASR and TTS streams together)."""
+    sessions_per_minute: int | None = Field(default=None, ge=0, le=1_000_000)
+    """New WebSocket sessions per minute."""
+    requests_per_minute: int | None = Field(default=None, ge=0, le=10_000_000)
+    """REST requests per minute (transcriptions, speech, voices, tokens)."""
+    audio_seconds_per_day: int | None = Field(default=None, ge=0, le=100_000_000)
+    """Seconds of audio sent to be heard per UTC day (gateway, ASR stream, transcriptions)."""
+
+    def over(self, defaults: Limits) -> Limits:
+        """These limits, each unset one taken from `defaults`."""
+        mine = self.model_dump(exclude_none=True)
+        return defaults.model_copy(update=mine)
+
+
+class DefaultLimits(Limits):
+    """The deployment's limits for every tenant whose key sets none (docs/auth.md: why)."""
+
+    sessions: int | None = Field(default=20, ge=0, le=1_000_000)
+    """Concurrent WebSocket sessions per tenant (one host serves 30-100)."""
+    sessions_per_minute: int | None = Field(default=60, ge=0, le=1_000_000)
+    """New WebSocket sessions per tenant per minute (a reconnect loop is stopped)."""
+    requests_per_minute: int | None = Field(default=600, ge=0, le=10_000_000)
+    """REST requests per tenant per minute."""
+    audio_seconds_per_day: int | None = Field(default=36_000, ge=0, le=100_000_000)
+    """Seconds of audio heard per tenant per UTC day (10 h)."""
+
+
+class AuthSettings(BaseModel):
+    """Authentication, tenants and abuse limits (the same on every service)."""
+
+    required: bool = True
+    """Every entry point but /health and /ready needs an API key or a client token. `false`
+    is for development on loopback only: a service bound elsewhere refuses to start."""
+    token_secret: SecretStr = SecretStr("")
+    """HS256 secret of client tokens (≥ 32 characters), the same on every service; empty:
+    one is generated once and kept in Redis (`<prefix>:auth:signing_secret`)."""
+    token_ttl_s: int = Field(default=60, ge=10, le=7200)
+    """Default lifetime of a client token: the time it gives to open its session."""
+    allowed_origins: list[str] = []
+    """Origins (`https://app.example.com`) whose pages may open WebSockets and call the REST
+    API (CORS); same-origin pages and clients that send no Origin always may. `*`: any."""
+    protect_ops: bool = False
+    """`/metrics` and /health's details need a credential too (/health still says healthy)."""
+    limits: DefaultLimits = DefaultLimits()
+    """Default limits of every tenant (a key may set its own)."""
+
+    @field_validator("token_secret")
+    @classmethod
+    def _long_enough(cls, value: SecretStr) -> SecretStr:
+        if 0 < len(value.get_secret_value()) < 32:
+            raise ValueError("token_secret must be at least 32 characters (or empty)")
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who a request is from, once its credential is checked."""
+
+    tenant: str
+    kind: Literal["key", "token", "anonymous"]
+    key_id: str | None = None
+    limits: Limits | None = None
+    """None: no limits (authentication off)."""
+    session: Mapping[str, Any] = field(default_factory=dict)
+    """Session settings a client token carries."""
+
+
+ANONYMOUS: Final = Principal(tenant=DEFAULT_TENANT, kind="anonymous")
+
+
+def new_key() -> tuple[str, str, str]:
+    """(key id, plain key shown once, SHA-256 of its secret kept in Redis)."""
+    key_id, secret = secrets.token_hex(6), secrets.token_urlsafe(32)
+    return key_id, f"va_{key_id}_{secret}", secret_hash(secret)
+
+
+def secret_hash(secret: str) -> str:
+    """Keys are 256 random bits: a fast hash is safe (slow hashes are for passwords)."""
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def split_key(plain: str) -> tuple[str, str] | None:
+    """(key id, secret) of something shaped like an API key, else None."""
+    match = _KEY.match(plain)
+    return (match.group(1), match.group(2)) if match else None
+
+
+def hash_matches(secret: str, stored: str) -> bool:
+    return hmac.compare_digest(secret_hash(secret), stored)
+
+
+def sign_token(
+    secret: bytes, tenant: str, key_id: str, ttl_s: int, session: Mapping[str, Any]
+) -> tuple[str, int]:
+    """A client token and its expiry (Unix seconds)."""
+    now = int(time.time())
+    claims: dict[str, Any] = {
+        "iss": _ISSUER,
+        "aud": _ISSUER,
+        "sub": tenant,
+        "kid": key_id,
+        "iat": now,
+        "exp": now + ttl_s,
+        "jti": secrets.token_hex(8),
+    }
+    if session:
+        claims["session"] = dict(session)
+    return jwt.encode(claims, secret, algorithm="HS256"), now + ttl_s
+
+
+def verify_token(secret: bytes, token: str) -> dict[str, Any]:
+    """The claims of a valid, unexpired token; Unauthorized otherwise (never echoing it)."""
+    try:
+        claims: dict[str, Any] = jwt.decode(
+            token,
+            secret,
+            algorithms=["HS256"],
+            audience=_ISSUER,
+            issuer=_ISSUER,
+            options={"require": ["exp", "iat", "sub", "kid"]},
+        )
+    except jwt.ExpiredSignatureError:
+        raise Unauthorized(
+            "the client token expired: ask for a new one (POST /v1/sessions)"
+        ) from None
+    except jwt.PyJWTError:
+        raise Unauthorized("invalid client token") from None
+    if not (isinstance(claims["sub"], str) and isinstance(claims["kid"], str)):
+        raise Unauthorized("invalid client token")
+    if not isinstance(claims.get("session", {}), dict):
+        raise Unauthorized("invalid client token")
+    return claims
+
+
+def _headers(scope: Mapping[str, Any], name: bytes) -> list[str]:
+    return [v.decode("latin-1") for k, v in scope.get("headers", ()) if k.lower() == name]
+
+
+def credential(scope: Mapping[str, Any]) -> str | None:
+    """The key or token a request carries: `Authorization: Bearer`, then (WebSocket only)
+    the `voice-agent.token.` subprotocol, then `?access_token=`. Unauthorized when one is
+    there but malformed; None when there is none."""
+    found: str | None = None
+    authorization = _headers(scope, b"authorization")
+    if authorization:
+        scheme, _, value = authorization[0].strip().partition(" ")
+        if len(authorization) > 1 or scheme.lower() != "bearer" or not value.strip():
+            raise Unauthorized("send the credential as `Authorization: Bearer <key or token>`")
+        found = value.strip()
+    elif scope.get("type") == "websocket":
+        found = _subprotocol_token(scope) or _query_token(scope)
+    if found is not None and (not 0 < len(found) <= MAX_CREDENTIAL_CHARS or not found.isascii()):
+        raise Unauthorized("malformed credential")
+    return found
+
+
+def _subprotocol_token(scope: Mapping[str, Any]) -> str | None:
+    for offered in scope.get("subprotocols") or ():
+        if isinstance(offered, str) and offered.startswith(TOKEN_SUBPROTOCOL):
+            return offered[len(TOKEN_SUBPROTOCOL) :]
+    return None
+
+
+def _query_token(scope: Mapping[str, Any]) -> str | None:
+    query = bytes(scope.get("query_string") or b"").decode("latin-1")
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        if name == TOKEN_QUERY:
+            return value
+    return None
+
+
+def app_subprotocol(offered: list[str] | None) -> str | None:
+    """The subprotocol to accept a WebSocket with: ours when offered (a browser that sent
+    its token as a subprotocol must get one back), never the token itself."""
+    return APP_SUBPROTOCOL if offered and APP_SUBPROTOCOL in offered else None
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def exposure_problem(settings: AuthSettings, host: str) -> str | None:
+    """Why a service must not start on `host` (None when it may): authentication off is
+    for loopback only, so an open service is never reachable from another host by mistake."""
+    if settings.required or is_loopback(host):
+        return None
+    return (
+        f"refusing to serve on {host} with authentication off (VA_AUTH__REQUIRED=false): "
+        "anyone who reaches the port could use the models. Turn it on (create a key with "
+        "`voice-agent keys create --tenant NAME`) or bind 127.0.0.1"
+    )

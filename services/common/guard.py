@@ -1,0 +1,226 @@
+"""The door of every service: an ASGI middleware that checks the Origin, the credential and
+the tenant's limits of each HTTP request and WebSocket handshake before the app sees it.
+
+A refused WebSocket never gets past its handshake: the middleware answers the upgrade with
+an HTTP error (401, 403 or 429, JSON body, Retry-After) instead of accepting it, so no
+session exists and no job is queued. Only /health and /ready (and /metrics unless
+`protect_ops`) are open. Authentication off (`required: false`) skips the credential and
+the limits but never the Origin check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+from fastapi.responses import JSONResponse
+from redis.asyncio import Redis
+from starlette.requests import HTTPConnection
+from starlette.websockets import WebSocket
+
+from services.common import metrics
+from services.common.auth import ANONYMOUS, AuthSettings, Principal, credential, is_loopback
+from services.common.errors import Forbidden, Unauthorized, VoiceAgentError
+from services.common.keys import KeyStore
+from services.common.limits import LEASE_S, NO_METER, AudioMeter, Limiter
+from services.common.worker import REDIS_DOWN
+
+log = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+OPEN_PATHS: Final = frozenset({"/health", "/ready"})
+LOCAL_PATHS: Final = frozenset({"/admin/drain"})
+"""Open to callers on this host only (the Kubernetes preStop hook); the route checks too."""
+PRINCIPAL: Final = "va.principal"
+METER: Final = "va.meter"
+BRIEF_HEALTH: Final = "va.brief_health"
+AUDIO_ROUTES: Final = frozenset({"/v1/audio/transcriptions"})
+
+
+class StoreUnreachable(VoiceAgentError):
+    """Redis, which holds the keys and the limits, does not answer (HTTP 503)."""
+
+    http_status = 503
+
+
+def principal_of(conn: HTTPConnection) -> Principal:
+    """Who the request is from (anonymous when authentication is off)."""
+    found = conn.scope.get(PRINCIPAL)
+    return found if isinstance(found, Principal) else ANONYMOUS
+
+
+def meter_of(conn: HTTPConnection) -> AudioMeter:
+    """The connection's audio meter (counts nothing when authentication is off)."""
+    found = conn.scope.get(METER)
+    return found if isinstance(found, AudioMeter) else NO_METER
+
+
+def retry_headers(exc: VoiceAgentError) -> dict[str, str] | None:
+    wait = getattr(exc, "retry_after_s", None)
+    return None if wait is None else {"Retry-After": str(max(1, round(wait)))}
+
+
+def error_response(exc: VoiceAgentError) -> JSONResponse:
+    body = {"error": {"message": exc.message, "type": exc.code, "code": exc.code}}
+    return JSONResponse(body, exc.http_status, headers=retry_headers(exc))
+
+
+async def refuse_handshake(ws: WebSocket, exc: VoiceAgentError) -> None:
+    """Answer a WebSocket upgrade with the error's HTTP status instead of accepting it."""
+    await ws.send_denial_response(error_response(exc))
+
+
+def origin_allowed(scope: Scope, allowed: list[str]) -> bool:
+    """No Origin (not a browser), the page's own host, or one of `allowed` (`*`: any)."""
+    headers = {
+        k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())
+    }
+    origin = headers.get("origin")
+    if origin is None or "*" in allowed:
+        return True
+    origin = origin.strip().rstrip("/").lower()
+    if origin in {a.rstrip("/").lower() for a in allowed}:
+        return True
+    host = headers.get("host", "").strip().lower()
+    return bool(host) and urlsplit(origin).netloc == host
+
+
+class AuthGuard:
+    """The middleware; one per app, sharing the app's Redis client."""
+
+    def __init__(
+        self, app: ASGIApp, settings: AuthSettings, redis: Redis, prefix: str, service: str
+    ) -> None:
+        self.app = app
+        self.settings = settings
+        self.service = service
+        self.keys = KeyStore(redis, prefix, settings.token_secret.get_secret_value())
+        self.limiter = Limiter(redis, prefix)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        try:
+            if scope["type"] == "websocket" and not origin_allowed(
+                scope, self.settings.allowed_origins
+            ):
+                raise Forbidden("this Origin may not open a WebSocket here")
+            if not await self._admit(scope):
+                await self.app(scope, receive, send)
+                return
+        except VoiceAgentError as exc:
+            await self._refuse(scope, receive, send, exc)
+            return
+        if scope["type"] == "websocket":
+            await self._serve_session(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+    def _open(self, path: str, scope: Scope) -> bool:
+        if path in LOCAL_PATHS:
+            client = scope.get("client")
+            return client is not None and is_loopback(str(client[0]))
+        return path in OPEN_PATHS or (path == "/metrics" and not self.settings.protect_ops)
+
+    async def _admit(self, scope: Scope) -> bool:
+        """Check the credential and the per-request limits; True when the request is a
+        tenant's (and must be counted), False when it passes as it is."""
+        path = scope.get("path", "")
+        if not self.settings.required:
+            return False
+        if self._open(path, scope):
+            if path == "/health" and self.settings.protect_ops:
+                scope[BRIEF_HEALTH] = not await self._known(scope)
+            return False
+        principal = await self._principal(scope)
+        scope[PRINCIPAL] = principal
+        limits = principal.limits
+        assert limits is not None
+        scope[METER] = AudioMeter(self.limiter, principal.tenant, limits.audio_seconds_per_day)
+        tenant = principal.tenant
+        try:
+            if scope["type"] == "websocket":
+                await self.limiter.hit(tenant, "sessions", limits.sessions_per_minute)
+                await self.limiter.check_audio(tenant, limits.audio_seconds_per_day)
+            else:
+                await self.limiter.hit(tenant, "requests", limits.requests_per_minute)
+                if path in AUDIO_ROUTES:
+                    await self.limiter.check_audio(tenant, limits.audio_seconds_per_day)
+        except REDIS_DOWN as exc:
+            raise StoreUnreachable(
+                f"the limits store is unreachable ({type(exc).__name__})"
+            ) from None
+        return True
+
+    async def _principal(self, scope: Scope) -> Principal:
+        found = credential(scope)
+        if found is None:
+            raise Unauthorized(
+                "authentication required: an API key or a client token "
+                "(Authorization: Bearer, or the voice-agent.token. subprotocol)"
+            )
+        try:
+            return await self.keys.principal(found, self.settings.limits)
+        except REDIS_DOWN as exc:
+            raise StoreUnreachable(f"the key store is unreachable ({type(exc).__name__})") from None
+
+    async def _known(self, scope: Scope) -> bool:
+        try:
+            await self._principal(scope)
+        except VoiceAgentError:
+            return False
+        return True
+
+    async def _serve_session(self, scope: Scope, receive: Receive, send: Send) -> None:
+        principal: Principal = scope[PRINCIPAL]
+        limit = principal.limits.sessions if principal.limits else None
+        lease = f"{self.service}-{uuid.uuid4().hex}"
+        try:
+            await self.limiter.open_session(principal.tenant, limit, lease)
+        except VoiceAgentError as exc:
+            await self._refuse(scope, receive, send, exc)
+            return
+        renewer = asyncio.create_task(self._renew(principal.tenant, lease), name="lease-renewer")
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            renewer.cancel()
+            meter = scope.get(METER)
+            with contextlib.suppress(Exception):
+                if isinstance(meter, AudioMeter):
+                    await meter.flush()
+            with contextlib.suppress(*REDIS_DOWN):
+                await self.limiter.close_session(principal.tenant, lease)
+
+    async def _renew(self, tenant: str, lease: str) -> None:
+        while True:
+            await asyncio.sleep(LEASE_S / 3)
+            try:
+                await self.limiter.renew_session(tenant, lease)
+            except REDIS_DOWN as exc:
+                log.warning("could not renew a session lease: %s", exc)
+
+    async def _refuse(
+        self, scope: Scope, receive: Receive, send: Send, exc: VoiceAgentError
+    ) -> None:
+        metrics.AUTH_REFUSED.labels(self.service, exc.code).inc()
+        metrics.ERRORS.labels(self.service, exc.code).inc()
+        response = error_response(exc)
+        if scope["type"] == "http":
+            await response(scope, receive, send)
+            return
+        await receive()  # websocket.connect
+        if "websocket.http.response" in scope.get("extensions", {}):
+            await response(scope, receive, send)
+        else:
+            await send({"type": "websocket.close", "code": 1008, "reason": exc.code})

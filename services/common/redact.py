@@ -1,0 +1,58 @@
+"""Secrets never reach a log line: a filter on the loggers that quote requests.
+
+uvicorn logs each WebSocket handshake with its path and query string, so a client token
+sent as `?access_token=` would land in the log; the filter replaces API keys, client
+tokens (JWTs) and `access_token` values with `[redacted]` in every record of those loggers
+and of the root logger. It also drops uvicorn's "returned without completing handshake"
+error, which uvicorn logs after every refused upgrade (an ASGI denial response): anyone
+could otherwise fill the error log just by failing authentication.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Final
+
+SECRET_PATTERNS: Final = (
+    re.compile(r"va_[0-9a-f]{12}_[A-Za-z0-9_-]{20,}"),
+    re.compile(r"eyJ[A-Za-z0-9_-]*\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*"),
+    re.compile(r"(?<=access_token=)[^&\s\"']+"),
+    re.compile(r"(?<=voice-agent\.token\.)[^,\s\"']+"),
+    re.compile(r"(?i)(?<=bearer )[^\s\"']+"),
+)
+_DENIAL_NOISE: Final = "ASGI callable returned without completing handshake."
+LOGGERS: Final = ("", "uvicorn", "uvicorn.error", "uvicorn.access", "websockets")
+
+
+def redact(text: str) -> str:
+    """`text` with every credential-shaped part replaced."""
+    for pattern in SECRET_PATTERNS:
+        text = pattern.sub("[redacted]", text)
+    return text
+
+
+class RedactSecrets(logging.Filter):
+    """Rewrites a record whose message holds a credential; drops the denial noise."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == _DENIAL_NOISE:
+            return False
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):
+            return True
+        cleaned = redact(message)
+        if cleaned != message:
+            record.msg, record.args = cleaned, ()
+        return True
+
+
+def install_redaction() -> None:
+    """Put the filter on the request-quoting loggers and on the root logger's handlers
+    (which every propagated record passes), once per process."""
+    targets: list[logging.Filterer] = [logging.getLogger(name) for name in LOGGERS]
+    targets += logging.getLogger().handlers
+    for target in targets:
+        if not any(isinstance(f, RedactSecrets) for f in target.filters):
+            target.addFilter(RedactSecrets())
