@@ -16,7 +16,13 @@ from services.asr.engines.base import AsrEngine
 from services.asr.rest import router
 from services.asr.settings import AsrSettings
 from services.asr.stream import serve_asr_stream
-from services.common.bus import JobStream, Keys, connect, unique_consumer_name
+from services.common.bus import (
+    JobStream,
+    Keys,
+    connect,
+    consumed_shards,
+    unique_consumer_name,
+)
 from services.common.devices import cuda_index
 from services.common.lifecycle import Background
 from services.common.listener import HearingBatcher
@@ -33,7 +39,7 @@ def create_app(settings: AsrSettings, engine: AsrEngine | None = None) -> FastAP
     section = settings.asr
     engine = engine or create_engine(section)
     redis = connect(settings.redis)
-    keys = Keys(settings.redis.prefix)
+    keys = Keys(settings.redis.prefix, settings.redis.shards)
     batcher = Batcher(engine, section.max_batch, section.max_queue, section.max_wait_ms)
     state = ServiceState(
         service="asr",
@@ -56,17 +62,20 @@ def create_app(settings: AsrSettings, engine: AsrEngine | None = None) -> FastAP
         background.start(batcher.run(), "asr-batcher")
         consumer = unique_consumer_name("asr")
         handler = AsrJobHandler(batcher, redis, settings.redis)
+        shards = consumed_shards(settings.redis)
+        per_shard = -(-section.consumers // len(shards))  # the slots split over the shards
         workers = [
             JobWorker(
-                JobStream(redis, settings.redis, keys.jobs("asr", lane), "asr", consumer),
+                JobStream(redis, settings.redis, keys.jobs("asr", lane, shard), "asr", consumer),
                 keys,
                 handler,
-                section.consumers,
+                per_shard,
             )
             for lane in ("final", "partial")
+            for shard in shards
         ]
-        for lane, worker in zip(("final", "partial"), workers, strict=True):
-            background.start(worker.run(), f"asr-worker-{lane}")
+        for index, worker in enumerate(workers):
+            background.start(worker.run(), f"asr-worker-{index}")
         log.info(
             "ASR ready: engine=%s model=%s device=%s", engine.name, engine.model, engine.device
         )

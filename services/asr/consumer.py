@@ -38,12 +38,18 @@ class AsrJobHandler:
             metrics.REQUESTS.labels("asr", "job", "error").inc()
             metrics.ERRORS.labels("asr", exc.code).inc()
             failed = job.failed(exc.code, exc.message)
-            await publish(self.redis, self.settings, job.reply_to, {b"meta": failed.dump()})
+            await publish(
+                self.redis, self.settings, job.reply_to, {b"meta": failed.dump()}, durable=True
+            )
             return
         result = job.result(
             transcript.text, transcript.language, (time.perf_counter() - started) * 1000
         )
-        await publish(self.redis, self.settings, job.reply_to, {b"meta": result.dump()})
+        # the job's only result: on a replica (wait_replicas) before it is marked done
+        durable = job.mode == "final"
+        await publish(
+            self.redis, self.settings, job.reply_to, {b"meta": result.dump()}, durable=durable
+        )
         elapsed = time.perf_counter() - started
         metrics.REQUEST_DURATION.labels("asr", "job").observe(elapsed)
         metrics.REQUESTS.labels("asr", "job", "ok").inc()

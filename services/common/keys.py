@@ -20,6 +20,7 @@ from services.common.auth import (
     split_key,
     verify_token,
 )
+from services.common.bus import is_cluster
 from services.common.errors import InvalidMessage, Unauthorized
 
 
@@ -72,7 +73,10 @@ class KeyStore:
             raise InvalidMessage("a tenant is 1 to 64 of A-Z a-z 0-9 _ . -")
         key_id, plain, digest = new_key()
         record = ApiKey(key_id, tenant, name[:128], time.time(), limits or Limits())
-        async with self.redis.pipeline(transaction=True) as pipe:
+        # MULTI across the record and the index needs one slot; on a Cluster they are on
+        # two, so there the two writes go unbatched (a crash between them leaves a key
+        # that works but is not listed) — docs/redis-ha.md
+        async with self.redis.pipeline(transaction=not is_cluster(self.redis)) as pipe:
             pipe.hset(
                 self._key(key_id),
                 mapping={

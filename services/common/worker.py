@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from redis.exceptions import ClusterDownError, ReadOnlyError, ResponseError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -20,7 +21,15 @@ from services.common.bus import Delivery, JobStream, Keys
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Delivery], Awaitable[None]]
-REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
+# Redis out of reach, or a failover under way (a demoted master, a cluster settling)
+REDIS_DOWN = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    ClusterDownError,
+    TryAgainError,
+    ReadOnlyError,
+    OSError,
+)
 
 
 def job_id_of(delivery: Delivery) -> str | None:
@@ -58,6 +67,14 @@ class JobWorker:
                 if self.connected:
                     log.warning("redis unreachable on %s: %s", self.jobs.stream, exc)
                 self.connected = False
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+            except ResponseError as exc:
+                # a promoted replica that never saw the group (lost with the old master),
+                # or a node refusing while a Cluster failover settles: start over
+                if "NOGROUP" not in str(exc) and "CLUSTERDOWN" not in str(exc):
+                    raise
+                log.warning("%s on %s: recreating the group", exc, self.jobs.stream)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
 

@@ -77,7 +77,7 @@ def create_app(
     redis = connect(settings.redis)
     bus = GatewayBus(redis, settings.redis, gateway_id)
     sessions: dict[str, Session] = {}
-    store = SessionStore(redis, settings.redis.prefix, section.resume_window_s)
+    store = SessionStore(redis, settings.redis.prefix, section.resume_window_s, settings.redis)
     state = ServiceState(service="gateway", redis=redis, engine="silero-vad", model="silero_vad_v6")
     vad_holder: dict[str, SileroVad] = {}
     hearing: dict[str, HearingBatcher] = {}

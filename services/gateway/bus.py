@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +19,7 @@ from services.common.worker import REDIS_DOWN
 log = logging.getLogger(__name__)
 
 Deliver = Callable[[BusResult, bytes | None], None]
+SEEN_RESULTS = 8192  # results remembered to drop repeats (a job replayed after a failover)
 
 
 class GatewayBus:
@@ -26,19 +28,30 @@ class GatewayBus:
     def __init__(self, redis: Redis, settings: RedisSettings, gateway_id: str) -> None:
         self.redis = redis
         self.settings = settings
-        self.keys = Keys(settings.prefix)
+        self.keys = Keys(settings.prefix, settings.shards)
         self.reply_to = self.keys.results(gateway_id)
         self._asr = {
-            lane: JobStream(redis, settings, self.keys.jobs("asr", lane), "asr", gateway_id)
+            lane: [
+                JobStream(redis, settings, stream, "asr", gateway_id)
+                for stream in self.keys.job_shards("asr", lane)
+            ]
             for lane in ("final", "partial")
         }
-        self._tts = JobStream(redis, settings, self.keys.jobs("tts"), "tts", gateway_id)
+        self._tts = [
+            JobStream(redis, settings, stream, "tts", gateway_id)
+            for stream in self.keys.job_shards("tts")
+        ]
+        self._seen: OrderedDict[tuple[str, str, int, int], None] = OrderedDict()
 
     async def submit_asr(self, job: AsrJob, pcm16: bytes) -> None:
-        await self._asr[job.mode].submit({b"meta": job.dump(), b"audio": pcm16})
+        """A final transcript is a user's turn: it waits for replicas (`wait_replicas`)."""
+        stream = self._asr[job.mode][self.keys.shard_of(job.session_id)]
+        await stream.submit({b"meta": job.dump(), b"audio": pcm16}, durable=job.mode == "final")
 
     async def submit_tts(self, job: TtsJob) -> None:
-        await self._tts.submit({b"meta": job.dump()})
+        """The spoken answer of a turn: it waits for replicas too."""
+        stream = self._tts[self.keys.shard_of(job.session_id)]
+        await stream.submit({b"meta": job.dump()}, durable=True)
 
     async def cancel(self, response_id: str) -> None:
         await cancel(self.redis, self.keys, self.settings, response_id)
@@ -66,14 +79,28 @@ class GatewayBus:
                     last_id = entry_id
                     self._dispatch(fields, deliver)
 
-    @staticmethod
-    def _dispatch(fields: Fields, deliver: Deliver) -> None:
+    def _dispatch(self, fields: Fields, deliver: Deliver) -> None:
         try:
             result = RESULTS.validate_json(fields[b"meta"])
         except (KeyError, ValidationError):
             log.error("malformed result dropped: %r", fields.get(b"meta", b"")[:200])
             return
+        if self._repeat(result):
+            log.info("repeated result of job %s dropped", result.job_id)
+            return
         deliver(result, fields.get(b"audio"))
+
+    def _repeat(self, result: BusResult) -> bool:
+        """Whether this result was delivered already (a job replayed after a failover)."""
+        index = getattr(result, "index", -1)
+        seq = getattr(result, "seq", None)
+        key = (result.job_id, result.kind, index, -1 if seq is None else seq)
+        if key in self._seen:
+            return True
+        self._seen[key] = None
+        if len(self._seen) > SEEN_RESULTS:
+            self._seen.popitem(last=False)
+        return False
 
     async def reset(self) -> None:
         """Drop results an earlier process with the same id left behind."""

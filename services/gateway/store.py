@@ -13,8 +13,10 @@ from pydantic import BaseModel, ValidationError
 from redis.asyncio import Redis
 
 from services.common.auth import DEFAULT_TENANT
+from services.common.bus import Keys, durable_set
 from services.common.errors import Forbidden
 from services.common.events import SessionConfig
+from services.common.settings import RedisSettings
 from services.common.worker import REDIS_DOWN
 from services.gateway.agent import Turn
 
@@ -33,13 +35,17 @@ class StoredSession(BaseModel):
 class SessionStore:
     """Saves and loads sessions under `<prefix>:session:<id>` with a TTL."""
 
-    def __init__(self, redis: Redis, prefix: str, ttl_s: int) -> None:
+    def __init__(
+        self, redis: Redis, prefix: str, ttl_s: int, settings: RedisSettings | None = None
+    ) -> None:
         self.redis = redis
         self.prefix = prefix
         self.ttl_s = ttl_s
+        self.keys = Keys(prefix)
+        self.settings = settings or RedisSettings(prefix=prefix)
 
     def key(self, session_id: str) -> str:
-        return f"{self.prefix}:session:{session_id}"
+        return self.keys.session(session_id)
 
     async def save(
         self, config: SessionConfig, history: list[Turn], tenant: str = DEFAULT_TENANT
@@ -51,7 +57,9 @@ class SessionStore:
             tenant=tenant,
         )
         try:
-            await self.redis.set(self.key(config.id), stored.model_dump_json(), ex=self.ttl_s)
+            await durable_set(
+                self.redis, self.settings, self.key(config.id), stored.model_dump_json(), self.ttl_s
+            )
         except REDIS_DOWN as exc:
             log.warning("could not save session %s: %s", config.id, exc)
 

@@ -105,6 +105,8 @@ def up(args: argparse.Namespace) -> None:
     settings = load_settings("gateway")
     procs: list[subprocess.Popen[bytes]] = []
     if not reachable(settings.redis.url):
+        if "+" in settings.redis.url.split("://", 1)[0]:
+            raise SystemExit(f"no Sentinel/Cluster host answers at {settings.redis.url}")
         port = int(settings.redis.url.rsplit(":", 1)[-1].split("/")[0] or 6379)
         print(f"no Redis at {settings.redis.url}: starting one on port {port}", flush=True)
         procs.append(start_redis(port, Path(args.state_dir) / "redis"))

@@ -19,9 +19,11 @@ from urllib.parse import urlparse
 
 import httpx
 import redis
+from redis.sentinel import Sentinel
 
 from services.asr.settings import AsrSettings
 from services.common import gpu
+from services.common.bus import parse_url
 from services.common.errors import EngineUnavailable
 from services.common.packaged import PackagedModel
 from services.ops.deploy import (
@@ -31,6 +33,7 @@ from services.ops.deploy import (
     prepare_dirs,
     render_nginx,
 )
+from services.ops.redis_server import reachable
 from services.tts.settings import PiperSettings, TtsSettings
 
 Status = Literal["OK", "WARN", "FAIL"]
@@ -207,9 +210,32 @@ def _redacted(url: str) -> str:
     return parsed._replace(netloc=parsed.netloc.replace(f":{parsed.password}@", ":***@")).geturl()
 
 
+def _data_node(url: str) -> str:
+    """A plain URL of a data node behind `url`: the Sentinel's master, a Cluster's first
+    startup node that answers, or `url` itself."""
+    target = parse_url(url)
+    if target.kind == "plain":
+        return url
+    if target.kind == "sentinel":
+        sentinel = Sentinel(list(target.hosts), socket_timeout=2, password=target.password)  # type: ignore[no-untyped-call]
+        host, port = sentinel.discover_master(target.service)  # type: ignore[no-untyped-call]
+    else:
+        host, port = next((h, p) for h, p in target.hosts if reachable(f"redis://{h}:{p}", 1.0))
+    auth = f":{target.password}@" if target.password else ""
+    scheme = "rediss" if target.tls else "redis"
+    return f"{scheme}://{auth}{host}:{port}/{target.db}"
+
+
 def check_redis(url: str) -> Check:
     """Redis answers, and is new enough for the Streams commands the bus uses (6.2)."""
-    client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
+    try:
+        client = redis.Redis.from_url(_data_node(url), socket_connect_timeout=2, socket_timeout=2)
+    except (redis.RedisError, StopIteration) as exc:
+        fix = "check the sentinels / cluster nodes in VA_REDIS__URL (docs/redis-ha.md)"
+        reason = str(exc)[:160]
+        return Check(
+            "redis", "FAIL", f"{_redacted(url)}: no master or node answers ({reason})", fix
+        )
     try:
         version = str(client.info("server")["redis_version"])
     except redis.RedisError as exc:

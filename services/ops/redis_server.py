@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
+from services.common.bus import parse_url
+
 
 def redis_binary() -> str:
     """Path of a redis-server binary (Redis ≥ 6.2: Streams and XAUTOCLAIM)."""
@@ -31,12 +33,18 @@ def redis_binary() -> str:
 
 
 def reachable(url: str, timeout: float = 0.5) -> bool:
-    """Whether something accepts TCP connections at the URL's host and port."""
+    """Whether something accepts TCP connections at the URL's host and port (for a
+    Sentinel or Cluster URL: at any of its hosts)."""
+    target = parse_url(url)
+    if target.kind != "plain":
+        return any(_accepts(host, port, timeout) for host, port in target.hosts)
     parsed = urlparse(url)
+    return _accepts(parsed.hostname or "127.0.0.1", parsed.port or 6379, timeout)
+
+
+def _accepts(host: str, port: int, timeout: float) -> bool:
     try:
-        with socket.create_connection(
-            (parsed.hostname or "127.0.0.1", parsed.port or 6379), timeout
-        ):
+        with socket.create_connection((host, port), timeout):
             return True
     except OSError:
         return False

@@ -9,7 +9,13 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, WebSocket
 
-from services.common.bus import JobStream, Keys, connect, unique_consumer_name
+from services.common.bus import (
+    JobStream,
+    Keys,
+    connect,
+    consumed_shards,
+    unique_consumer_name,
+)
 from services.common.devices import cuda_index
 from services.common.lifecycle import Background
 from services.common.service import ServiceState, install_ops
@@ -33,7 +39,7 @@ def create_app(settings: TtsSettings, engine: TtsEngine | None = None) -> FastAP
     section = settings.tts
     engine = engine or create_engine(section)
     redis = connect(settings.redis)
-    keys = Keys(settings.redis.prefix)
+    keys = Keys(settings.redis.prefix, settings.redis.shards)
     library = VoiceLibrary(redis, settings.redis.prefix, section.voices)
     synthesizer = Synthesizer(
         engine, section.max_concurrent, section.max_queue, section.chunk_ms, library
@@ -55,13 +61,22 @@ def create_app(settings: TtsSettings, engine: TtsEngine | None = None) -> FastAP
         await asyncio.to_thread(engine.load)
         state.device, state.gpu_index = engine.device, cuda_index(engine.device)
         state.model_loaded = True
-        jobs = JobStream(
-            redis, settings.redis, keys.jobs("tts"), "tts", unique_consumer_name("tts")
-        )
+        consumer = unique_consumer_name("tts")
         handler = TtsJobHandler(synthesizer, redis, settings.redis, keys)
+        shards = consumed_shards(settings.redis)
         # one job waiting per synthesis slot, so a slot never idles while Redis is read
-        worker = JobWorker(jobs, keys, handler, 2 * section.max_concurrent)
-        background.start(worker.run(), "tts-worker")
+        per_shard = -(-2 * section.max_concurrent // len(shards))
+        workers = [
+            JobWorker(
+                JobStream(redis, settings.redis, keys.jobs("tts", "final", shard), "tts", consumer),
+                keys,
+                handler,
+                per_shard,
+            )
+            for shard in shards
+        ]
+        for index, worker in enumerate(workers):
+            background.start(worker.run(), f"tts-worker-{index}")
         log.info(
             "TTS ready: engine=%s model=%s device=%s", engine.name, engine.model, engine.device
         )
@@ -69,7 +84,8 @@ def create_app(settings: TtsSettings, engine: TtsEngine | None = None) -> FastAP
             yield
         finally:
             state.draining = True
-            await worker.drain(section.server.drain_timeout_s)
+            for worker in workers:
+                await worker.drain(section.server.drain_timeout_s)
             await background.stop()
             await redis.aclose()
 

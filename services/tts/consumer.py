@@ -62,5 +62,6 @@ class TtsJobHandler:
         return "completed", index, samples
 
     async def _publish(self, job: TtsJob, meta: bytes, audio: bytes | None = None) -> None:
+        # each chunk on a replica (wait_replicas) before the next: see bus.publish
         fields = {b"meta": meta} if audio is None else {b"meta": meta, b"audio": audio}
         await publish(self.redis, self.settings, job.reply_to, fields)
