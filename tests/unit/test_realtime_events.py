@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from starlette.websockets import WebSocket
 
+from services.common.auth import credential
 from services.common.errors import UnsupportedSampleRate
 from services.common.turns import SpeechEnd, TurnSegmenter
 from services.common.vad import VadSettings
@@ -97,21 +98,30 @@ def test_bad_client_events_are_openai_errors(text: str, code: str) -> None:
 
 def _ws(headers: dict[str, str]) -> WebSocket:
     raw = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
-    scope = {"type": "websocket", "headers": raw, "path": "/v1/stream", "query_string": b""}
+    offered = [p.strip() for p in headers.get("Sec-WebSocket-Protocol", "").split(",") if p]
+    scope = {
+        "type": "websocket",
+        "headers": raw,
+        "path": "/v1/stream",
+        "query_string": b"",
+        "subprotocols": offered,  # as uvicorn fills it in
+    }
     return WebSocket(scope, receive=None, send=None)  # type: ignore[arg-type]
 
 
 def test_handshake_reads_the_credential_from_a_header_or_a_subprotocol() -> None:
-    assert read_handshake(_ws({"Authorization": "Bearer abc"})).credential == "abc"
-    browser = read_handshake(_ws({"Sec-WebSocket-Protocol": "voice-agent, voice-agent.token.t0k"}))
-    assert (browser.credential, browser.subprotocol) == ("t0k", "voice-agent")
-    openai = read_handshake(
-        _ws({"Sec-WebSocket-Protocol": "realtime, openai-insecure-api-key.sk-1"})
-    )
-    assert (openai.credential, openai.subprotocol) == ("sk-1", "realtime")
+    """The guard's `credential` reads it; the handshake picks the subprotocol to answer."""
+    assert credential(_ws({"Authorization": "Bearer abc"}).scope) == "abc"
+    ws = _ws({"Sec-WebSocket-Protocol": "voice-agent, voice-agent.token.t0k"})
+    browser = read_handshake(ws)
+    assert (credential(ws.scope), browser.subprotocol) == ("t0k", "voice-agent")
+    ws = _ws({"Sec-WebSocket-Protocol": "realtime, openai-insecure-api-key.sk-1"})
+    openai = read_handshake(ws)
+    assert (credential(ws.scope), openai.subprotocol) == ("sk-1", "realtime")
     assert "realtime" in openai.offered
-    none = read_handshake(_ws({}))
-    assert (none.credential, none.subprotocol) == (None, None)
+    ws = _ws({})
+    none = read_handshake(ws)
+    assert (credential(ws.scope), none.subprotocol) == (None, None)
 
 
 def test_manual_turns_end_only_on_commit() -> None:
