@@ -41,7 +41,7 @@ class SpeechEnd:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class SpeechPause:
-    """The open utterance has been silent for `pause_ms` (and the pre-roll's length): the
+    """The open utterance has been silent for `pause_ms` (and the trailing pad's length): the
     turn may be over. `audio` and `end_ms` are exactly what a SpeechEnd at this silence
     will carry, so work started on them now (a speculative transcript) is the turn's own
     if the user says no more. At most one per stretch of silence."""
@@ -115,8 +115,9 @@ class TurnSegmenter:
         self._min_speech = settings.min_speech_ms * _PER_MS
         self._min_silence_ms = settings.min_silence_ms
         self._pad = settings.speech_pad_ms * _PER_MS
+        self._end_pad = settings.trailing_pad_ms * _PER_MS
         # a pause event needs the whole trailing pad, so its audio equals the SpeechEnd's
-        self._pause_ms = max(settings.pause_ms, settings.speech_pad_ms)
+        self._pause_ms = max(settings.pause_ms, settings.trailing_pad_ms)
         self._max_len = int(settings.max_utterance_s * SAMPLE_RATE)
         self._auto_end = auto_end
 
@@ -182,7 +183,7 @@ class TurnSegmenter:
         if self._silence_start is None:
             return self._end(self._tape.end, self._tape.end, forced=False)
         end = self._silence_start
-        return self._end(end, min(end + self._pad, self._tape.end), forced=False)
+        return self._end(end, min(end + self._end_pad, self._tape.end), forced=False)
 
     def reset(self) -> None:
         """Drop buffered audio and any open utterance (no SpeechEnd); the clock runs on."""
@@ -216,7 +217,7 @@ class TurnSegmenter:
         silence_ms = (s1 - self._silence_start) // _PER_MS
         if silence_ms >= self._min_silence_ms:
             end = self._silence_start
-            return [self._end(end, min(end + self._pad, s1), False)]
+            return [self._end(end, min(end + self._end_pad, s1), False)]
         if silence_ms >= self._pause_ms and not self._paused:
             self._paused = True
             return [self._pause(self._silence_start)]
@@ -226,12 +227,12 @@ class TurnSegmenter:
         return SpeechPause(
             start_ms=self._speech_start // _PER_MS,
             end_ms=end // _PER_MS,
-            audio=self._tape.view(self._audio_start, end + self._pad).copy(),
+            audio=self._tape.view(self._audio_start, end + self._end_pad).copy(),
         )
 
     def _split_at_pause(self, s0: int, pause: int) -> list[TurnEvent]:
         """Speech resumes at s0 past the maximum length: cut at the pause that began there."""
-        end = self._end(pause, min(pause + self._pad, s0), forced=True)
+        end = self._end(pause, min(pause + self._end_pad, s0), forced=True)
         return [end, self._start(s0, s0 - self._pad)]
 
     def _start(self, onset: int, audio_start: int) -> SpeechStart:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -32,6 +33,11 @@ class ScriptedVad:
         ready = min(self._samples // WINDOW, len(self._probs))
         out, self._done = self._probs[self._done : ready], ready
         return out
+
+
+def classic(**overrides: Any) -> VadSettings:
+    """The pads and pause these tests count in (the defaults keep 100 ms after speech)."""
+    return VadSettings(pause_ms=200, speech_pad_ms=200, trailing_pad_ms=200, **overrides)
 
 
 def ramp(start: int, end: int) -> Audio:
@@ -78,7 +84,7 @@ def check_audio(end: SpeechEnd, first: int, stop: int) -> None:
 
 
 def test_start_after_min_speech_with_exact_time() -> None:
-    seg = TurnSegmenter(VadSettings())
+    seg = TurnSegmenter(classic())
     events = drive(seg, [0.0] * 20 + [0.9] * 20)
     assert kinds(events) == ["SpeechStart"]
     fed, start = events[0]
@@ -89,13 +95,13 @@ def test_start_after_min_speech_with_exact_time() -> None:
 
 
 def test_short_blip_is_ignored() -> None:
-    seg = TurnSegmenter(VadSettings())
+    seg = TurnSegmenter(classic())
     assert drive(seg, [0.0] * 10 + [0.95] * 3 + [0.0] * 30 + [0.9] * 6 + [0.0] * 10) == []
     assert not seg.in_speech
 
 
 def test_end_after_min_silence_with_preroll_and_trailing_pad() -> None:
-    seg = TurnSegmenter(VadSettings())
+    seg = TurnSegmenter(classic())
     events = drive(seg, [0.0] * 10 + [0.9] * 30 + [0.0] * 30)
     assert kinds(events) == ["SpeechStart", "SpeechEnd"]
     fed, end = events[1]
@@ -109,7 +115,7 @@ def test_end_after_min_silence_with_preroll_and_trailing_pad() -> None:
 
 
 def test_hysteresis_between_thresholds() -> None:
-    seg = TurnSegmenter(VadSettings(threshold=0.5, neg_threshold=0.3))
+    seg = TurnSegmenter(classic(threshold=0.5, neg_threshold=0.3))
     # 0.4 keeps speech going (no silence starts), 0.2 starts the silence count
     events = drive(seg, [0.9] * 10 + [0.4] * 40 + [0.2] * 25)
     assert kinds(events) == ["SpeechStart", "SpeechEnd"]
@@ -119,7 +125,7 @@ def test_hysteresis_between_thresholds() -> None:
 
 
 def test_preroll_is_bounded_and_clamped_at_stream_start() -> None:
-    settings = VadSettings()
+    settings = classic()
     seg = TurnSegmenter(settings)
     drive(seg, [0.0] * 400)  # 12.8 s of silence
     bound = (settings.speech_pad_ms + settings.min_speech_ms) * MS + WINDOW + FRAME
@@ -135,7 +141,7 @@ def test_preroll_is_bounded_and_clamped_at_stream_start() -> None:
 
 
 def test_force_split_at_max_length_continues_as_new_utterance() -> None:
-    seg = TurnSegmenter(VadSettings(max_utterance_s=1.0))
+    seg = TurnSegmenter(classic(max_utterance_s=1.0))
     events = drive(seg, [0.0] * 10 + [0.9] * 100 + [0.0] * 25)
     assert kinds(events) == ["SpeechStart"] + ["SpeechEnd", "SpeechStart"] * 3 + ["SpeechEnd"]
     ends = [e for _, e in events if isinstance(e, SpeechEnd)]
@@ -151,7 +157,7 @@ def test_force_split_at_max_length_continues_as_new_utterance() -> None:
 
 
 def test_force_split_prefers_a_pause() -> None:
-    seg = TurnSegmenter(VadSettings(max_utterance_s=1.0))
+    seg = TurnSegmenter(classic(max_utterance_s=1.0))
     # 800 ms of speech, a 320 ms pause (too short to end the turn), speech again
     events = drive(seg, [0.9] * 25 + [0.0] * 10 + [0.9] * 10 + [0.0] * 25)
     assert kinds(events) == ["SpeechStart", "SpeechEnd", "SpeechStart", "SpeechEnd"]
@@ -165,7 +171,7 @@ def test_force_split_prefers_a_pause() -> None:
 
 
 def test_flush_ends_utterance_now() -> None:
-    seg = TurnSegmenter(VadSettings())
+    seg = TurnSegmenter(classic())
     assert seg.flush() is None
     drive(seg, [0.0] * 10 + [0.9] * 20)
     tail = ramp(30 * WINDOW, 30 * WINDOW + 100)  # not yet a full window
@@ -179,7 +185,7 @@ def test_flush_ends_utterance_now() -> None:
 
 
 def test_reset_drops_audio_and_the_open_utterance() -> None:
-    seg = TurnSegmenter(VadSettings())
+    seg = TurnSegmenter(classic())
     drive(seg, [0.9] * 20)
     assert seg.in_speech
     seg.reset()
@@ -194,7 +200,7 @@ def test_reset_drops_audio_and_the_open_utterance() -> None:
 
 
 def test_a_pause_inside_an_utterance_carries_what_its_end_would() -> None:
-    seg = TurnSegmenter(VadSettings())  # pause 200 ms, silence 600 ms, pad 200 ms
+    seg = TurnSegmenter(classic())  # pause 200 ms, silence 600 ms, pad 200 ms
     events = drive(seg, [0.0] * 10 + [0.9] * 20 + [0.0] * 25, pauses=True)
     assert kinds(events) == ["SpeechStart", "SpeechPause", "SpeechEnd"]
     (fed, pause), (_, end) = events[1], events[2]
@@ -205,7 +211,7 @@ def test_a_pause_inside_an_utterance_carries_what_its_end_would() -> None:
 
 
 def test_one_pause_per_stretch_of_silence_and_none_once_it_ends_the_turn() -> None:
-    seg = TurnSegmenter(VadSettings())
+    seg = TurnSegmenter(classic())
     probs = [0.9] * 20 + [0.0] * 10 + [0.9] * 10 + [0.0] * 30
     events = drive(seg, probs, pauses=True)
     assert kinds(events) == ["SpeechStart", "SpeechPause", "SpeechPause", "SpeechEnd"]
@@ -215,7 +221,7 @@ def test_one_pause_per_stretch_of_silence_and_none_once_it_ends_the_turn() -> No
 
 
 def test_a_pause_waits_for_the_whole_trailing_pad() -> None:
-    seg = TurnSegmenter(VadSettings(pause_ms=64, speech_pad_ms=300))
+    seg = TurnSegmenter(VadSettings(pause_ms=64, trailing_pad_ms=300))
     events = drive(seg, [0.9] * 20 + [0.0] * 25, pauses=True)
     fed, pause = events[1]
     assert isinstance(pause, SpeechPause)
@@ -224,7 +230,7 @@ def test_a_pause_waits_for_the_whole_trailing_pad() -> None:
 
 
 def test_more_probabilities_than_audio_is_an_error() -> None:
-    seg = TurnSegmenter(VadSettings())
+    seg = TurnSegmenter(classic())
     with pytest.raises(ValueError, match="probabilities"):
         seg.feed(np.zeros(600, np.float32), [0.1, 0.1])
 
