@@ -116,8 +116,8 @@ class _Pause:
 
     utterance_id: str
     end_ms: int
-    asked_at_silence_ms: int
-    asking: bool = True
+    asks: int = 0
+    asking: bool = False
 
 
 @dataclass
@@ -315,6 +315,8 @@ class Session:
         segmenter = self.listener.segmenter
         if utterance_id is None or not self.listener.partial_due(self._last_partial_ms, interval):
             return
+        if segmenter.trailing_silence_ms > 0:
+            return  # nothing new to hear; the ASR is kept free for the pause's final
         if self._partial is not None and self.clock() - self._partial[1] < 2 * interval / 1000:
             return  # one in flight (a lost one expires)
         self._last_partial_ms = segmenter.position_ms
@@ -345,13 +347,16 @@ class Session:
             self._speculation = _Speculation(utterance_id, pause.end_ms, job.job_id, heard)
             await self.bus.submit_asr(job, float_to_pcm16(pause.audio))
         if self.end_of_turn.decides_at_pause:
-            self._pause = _Pause(utterance_id, pause.end_ms, self._silence_ms())
-            self._spawn(self._ask_turn_model(self._pause, pause.audio), "turn-model")
+            self._pause = _Pause(utterance_id, pause.end_ms)
+            self._maybe_ask_again()
 
-    async def _speculative_text(self) -> str | None:
-        """The transcript of the speculation under way, once it comes (None: none)."""
-        speculation = self._speculation
-        return None if speculation is None else await speculation.heard
+    def _speculative_text(self) -> asyncio.Future[str | None]:
+        """The transcript of the speculation under way, a future (already None: none)."""
+        if self._speculation is not None:
+            return self._speculation.heard
+        none: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        none.set_result(None)
+        return none
 
     def _silence_ms(self) -> int:
         return self.listener.segmenter.trailing_silence_ms
@@ -365,8 +370,8 @@ class Session:
             and segmenter.silence_start_ms == pause.end_ms
         )
 
-    async def _ask_turn_model(self, pause: _Pause, audio: AudioF32) -> None:
-        complete = await self.end_of_turn.turn_complete(audio, self._speculative_text)
+    async def _ask_turn_model(self, pause: _Pause, audio: AudioF32, silence_ms: int) -> None:
+        complete = await self.end_of_turn.turn_complete(audio, self._speculative_text(), silence_ms)
         pause.asking = False
         if not complete or not self._in_pause(pause):
             return
@@ -384,10 +389,17 @@ class Session:
             self._pause = None
             return
         silence = self._silence_ms()
-        if silence - pause.asked_at_silence_ms >= self.settings.end_of_turn_recheck_ms:
-            pause.asking, pause.asked_at_silence_ms = True, silence
+        # on a fixed grid of silence (first ask, then every recheck): no drift from the
+        # VAD's 32 ms windows or from a slow answer
+        due = (
+            self.settings.end_of_turn_first_ask_ms
+            + pause.asks * self.settings.end_of_turn_recheck_ms
+        )
+        if silence >= due:
+            pause.asking = True
+            pause.asks += 1
             audio = self.listener.segmenter.current_audio()
-            self._spawn(self._ask_turn_model(pause, audio), "turn-model")
+            self._spawn(self._ask_turn_model(pause, audio, silence), "turn-model")
 
     def _drop_speculation(self, outcome: str) -> None:
         if self._speculation is not None:

@@ -45,7 +45,17 @@ class GatewaySection(BaseModel):
     """How long the `heuristic` policy waits for the user to go on."""
     end_of_turn_fallback_ms: int = Field(default=2000, ge=100, le=10_000)
     """`smart-turn`: silence that ends the turn even when the model says it is not over."""
-    end_of_turn_recheck_ms: int = Field(default=300, ge=32, le=10_000)
+    end_of_turn_unsure_ms: int = Field(default=1000, ge=0, le=10_000)
+    """`smart-turn`: silence that ends a turn the model calls incomplete when its transcript
+    does not end mid-thought (the model alone misses some finished sentences). A
+    transcript that ends mid-thought waits for `end_of_turn_fallback_ms`."""
+    end_of_turn_first_ask_ms: int = Field(default=100, ge=0, le=10_000)
+    """`smart-turn`: silence before the model is first asked; at or below `VA_VAD__PAUSE_MS`
+    it is asked at the pause itself, beside the speculative transcript (it answers before
+    the transcript is in, so the turn ends as soon as the words are known). Asked after
+    100 ms it calls 2 of 20 finished sentences unfinished that it gets right at 200 ms;
+    the recheck catches them (docs/turn-taking.md)."""
+    end_of_turn_recheck_ms: int = Field(default=200, ge=32, le=10_000)
     """`smart-turn`: while the pause goes on, the model is asked again this often."""
     smart_turn_threshold: float = Field(default=0.5, gt=0.0, lt=1.0)
     """`smart-turn`: the model's probability at or above which the turn is complete."""

@@ -5,16 +5,21 @@ Two kinds of policy:
   (`VA_VAD__MIN_SILENCE_MS`) and the transcript: they return how long to wait for more
   speech first (0 answers at once); if the user speaks again inside the hold, the
   gateway joins both utterances into one user turn and asks again;
-- pause policies (`smart-turn`) are asked at each pause (`VA_VAD__PAUSE_MS`, about
-  200 ms of silence) with the utterance's audio and, when it comes, the speculative
-  transcript of the same audio: complete ends the turn at once; incomplete waits, asking
-  again every `end_of_turn_recheck_ms` of further silence, until
-  `end_of_turn_fallback_ms` of silence ends the turn anyway.
+- pause policies (`smart-turn`) are asked at each pause (`VA_VAD__PAUSE_MS`, 100 ms of
+  silence, or `end_of_turn_first_ask_ms` if later) with the utterance's audio, the
+  silence so far and, when it comes,
+  the speculative transcript of the same audio: complete ends the turn at once;
+  incomplete waits, asking again every `end_of_turn_recheck_ms` of further silence,
+  until `end_of_turn_fallback_ms` of silence ends the turn anyway.
 
-`smart-turn` asks the audio model first; a turn it calls complete still is not when its
-transcript ends mid-thought ("...a table for", "...and", "um"): the model hears prosody,
-the words catch what it misses (measured: benchmarks/turn_taking.py). Waiting for the
-transcript costs nothing on the way to the answer, which needs it anyway.
+`smart-turn` joins the audio model and the words of the transcript:
+- the transcript ends mid-thought ("...a table for", "...and", "um", "to...") → wait, up
+  to `end_of_turn_fallback_ms` (the model alone called half such fragments complete);
+- otherwise the model says complete → end now;
+- the model hears more to come but the words do not ("So I was wondering if you could
+  help me with my order.", p = 0.02) → end at `end_of_turn_unsure_ms` of silence.
+Measured on labelled speech in benchmarks/turn_taking.py. Waiting for the transcript
+costs nothing on the way to the answer, which needs it anyway.
 
 `auto` (the default) is `smart-turn` where its model is installed (the `smart-turn`
 extra), else `silence`. A model of your own plugs in as `package.module:factory` in
@@ -23,9 +28,11 @@ extra), else `silence`. A model of your own plugs in as `package.module:factory`
 
 from __future__ import annotations
 
+import asyncio
 import importlib
+import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from services.common.audio import AudioF32
@@ -34,12 +41,16 @@ from services.gateway import metrics
 from services.gateway.agent import Turn
 from services.gateway.settings import GatewaySection
 
+log = logging.getLogger(__name__)
+
 if TYPE_CHECKING:
     from services.gateway.smart_turn import SmartTurnBatcher
 
 
-Transcript = Callable[[], Awaitable[str | None]]
-"""Waits for the speculative transcript of the pause being decided (None: none will come)."""
+Transcript = asyncio.Future[str | None]
+"""The speculative transcript of the pause being decided: done once it is known (None: none
+will come). A policy may read it at once when it is done, or await it (shielded: it is the
+session's, and other asks of the same pause share it)."""
 
 
 class EndOfTurn(Protocol):
@@ -52,9 +63,12 @@ class EndOfTurn(Protocol):
     def load(self) -> None:
         """Load what the policy needs (blocking; the gateway runs it at start-up)."""
 
-    async def turn_complete(self, audio: AudioF32, transcript: Transcript) -> bool:
-        """At a pause: whether the utterance so far (16 kHz) ends the turn. `transcript()`
-        gives its speculative transcript once there is one (None: there will be none)."""
+    async def turn_complete(
+        self, audio: AudioF32, transcript: Transcript, silence_ms: int = 0
+    ) -> bool:
+        """At a pause: whether the utterance so far (16 kHz), followed by `silence_ms` of
+        silence, ends the turn. `transcript` is its speculative transcript, a future done
+        once the text is known (None: there will be none)."""
         ...
 
     async def hold_ms(self, history: list[Turn], transcript: str) -> int:
@@ -77,23 +91,28 @@ class SilenceOnly:
     def load(self) -> None:
         """Nothing to load."""
 
-    async def turn_complete(self, audio: AudioF32, transcript: Transcript) -> bool:
+    async def turn_complete(
+        self, audio: AudioF32, transcript: Transcript, silence_ms: int = 0
+    ) -> bool:
         return False
 
     async def hold_ms(self, history: list[Turn], transcript: str) -> int:
         return 0
 
 
-_WORD = re.compile(r"[a-z']+")
+_WORD = re.compile(r"[a-z0-9']+")
 
 TRAILING_WORDS = frozenset(
     _WORD.findall(
         "and but or so because if then that which who when while although like um uh er "
         "erm hmm the a an to of for with my your our their about than as in on at from by "
-        "into onto i we they he she"
+        "into onto i we they he she some every each"
     )
 )
 """Words a finished sentence rarely ends with: a pause after them is a pause mid-thought."""
+
+OPEN_ENDINGS = ("...", "…", "-", ",", ";", ":")
+"""How a transcript ends when the speaker trailed off (Whisper writes "to..." and "in-")."""
 
 
 class TrailingWordHeuristic(SilenceOnly):
@@ -108,10 +127,13 @@ class TrailingWordHeuristic(SilenceOnly):
         return self.hold if ends_mid_thought(transcript) else 0
 
 
-def ends_mid_thought(text: str) -> bool:
-    """Whether a transcript ends in a word a finished sentence rarely ends with."""
-    words = _WORD.findall(text.lower())
-    return bool(words) and words[-1] in TRAILING_WORDS
+def ends_mid_thought(text: str | None) -> bool:
+    """Whether a transcript ends in a word a finished sentence rarely ends with, or trails
+    off ("Please remind me to...", "in-", "um,"); no transcript (None) does not."""
+    words = _WORD.findall(text.lower()) if text else []
+    if not text or not words:
+        return False
+    return words[-1] in TRAILING_WORDS or text.rstrip().endswith(OPEN_ENDINGS)
 
 
 class SmartTurn(SilenceOnly):
@@ -123,6 +145,7 @@ class SmartTurn(SilenceOnly):
     def __init__(self, settings: GatewaySection) -> None:
         self.threshold = settings.smart_turn_threshold
         self.threads = settings.smart_turn_threads
+        self.unsure_ms = settings.end_of_turn_unsure_ms
         self.batcher: SmartTurnBatcher | None = None
 
     def load(self) -> None:
@@ -131,18 +154,30 @@ class SmartTurn(SilenceOnly):
 
         self.batcher = SmartTurnBatcher(shared_model(self.threads))
 
-    async def turn_complete(self, audio: AudioF32, transcript: Transcript) -> bool:
+    async def turn_complete(
+        self, audio: AudioF32, transcript: Transcript, silence_ms: int = 0
+    ) -> bool:
         if self.batcher is None:
             raise RuntimeError("smart-turn: load() was not called")
-        if await self.batcher.probability(audio) < self.threshold:
-            metrics.TURN_MODEL.labels("incomplete").inc()
-            return False
-        text = await transcript()
-        if text is not None and ends_mid_thought(text):
+        if transcript.done() and ends_mid_thought(transcript.result()):
+            # words that end mid-thought wait for the fallback whatever the model says: a
+            # recheck in the same pause skips the model
             metrics.TURN_MODEL.labels("incomplete_words").inc()
             return False
-        metrics.TURN_MODEL.labels("complete").inc()
-        return True
+        probability = await self.batcher.probability(audio)
+        complete = probability >= self.threshold
+        log.debug("turn model: p=%.3f after %d ms of silence", probability, silence_ms)
+        if ends_mid_thought(await asyncio.shield(transcript)):
+            metrics.TURN_MODEL.labels("incomplete_words").inc()
+            return False
+        if complete:
+            metrics.TURN_MODEL.labels("complete").inc()
+            return True
+        if silence_ms >= self.unsure_ms:
+            metrics.TURN_MODEL.labels("unsure_ended").inc()
+            return True
+        metrics.TURN_MODEL.labels("incomplete").inc()
+        return False
 
 
 def listening(policy: EndOfTurn, vad: VadSettings, settings: GatewaySection) -> VadSettings:

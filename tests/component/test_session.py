@@ -29,6 +29,7 @@ from tests.component.session_harness import (
 )
 
 MIN_SILENCE_S = VadSettings().min_silence_ms / 1000
+PAUSE_S = VadSettings().pause_ms / 1000
 WINDOW_S = 512 / 16000
 
 
@@ -58,9 +59,9 @@ async def test_one_turn_end_to_end() -> None:
     stopped = h.time_of("speech.stopped")
     assert stopped - speech_end == pytest.approx(MIN_SILENCE_S, abs=2 * WINDOW_S)
     # one final job with the utterance (speech plus pre-roll and pad), sent at the pause
-    # (200 ms of silence, speculatively) and kept: the transcript is there at the end
+    # (`pause_ms` of silence, speculatively) and kept: the transcript is there at the end
     finals = [(t, job, pcm) for t, job, pcm in h.bus.asr_jobs if job.mode == "final"]
-    assert len(finals) == 1 and finals[0][0] == pytest.approx(speech_end + 0.2, abs=0.04)
+    assert len(finals) == 1 and finals[0][0] == pytest.approx(speech_end + PAUSE_S, abs=0.04)
     assert 1000 <= pcm_ms(finals[0][2]) <= 1450
     assert h.time_of("transcript.final") == pytest.approx(stopped)
     # 2 words x 400 ms of audio, all of it, paced at real time minus the 200 ms lead

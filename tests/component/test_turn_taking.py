@@ -7,7 +7,6 @@ own tests (tests/unit/test_smart_turn.py) and the turn-taking benchmark.
 from __future__ import annotations
 
 import asyncio
-import itertools
 
 import pytest
 
@@ -17,7 +16,9 @@ from services.gateway.settings import GatewaySection
 from services.gateway.turn_end import SilenceOnly, SmartTurn, Transcript
 from tests.component.session_harness import Harness, on_virtual_time, running_session, silence, tone
 
-PAUSE_S = 0.2  # VadSettings().pause_ms
+PAUSE_S = 0.1  # VadSettings().pause_ms: the speculative transcript starts
+FIRST_ASK_S = GatewaySection().end_of_turn_first_ask_ms / 1000  # the model is first asked
+RECHECK_S = GatewaySection().end_of_turn_recheck_ms / 1000  # and again while silence lasts
 WINDOW_S = 512 / 16000
 
 
@@ -41,7 +42,9 @@ class ScriptedTurnModel(SilenceOnly):
         self.delay_s = delay_s
         self.asked: list[tuple[float, int]] = []
 
-    async def turn_complete(self, audio: AudioF32, transcript: Transcript) -> bool:
+    async def turn_complete(
+        self, audio: AudioF32, transcript: Transcript, silence_ms: int = 0
+    ) -> bool:
         self.asked.append((asyncio.get_running_loop().time(), audio.size))
         await asyncio.sleep(self.delay_s)
         return self.answers.pop(0) if self.answers else False
@@ -73,7 +76,7 @@ async def test_a_late_result_of_a_wasted_speculation_is_dropped() -> None:
     assert len(final_jobs(h)) == 2
     assert [e["text"] for e in h.of_type("transcript.final")] == ["go on"]
     assert stale._value.get() - before == 1  # the first pause's transcript, after the second
-    # the kept speculation was sent 200 ms into the silence: 400 ms of its 1 s were hidden
+    # the kept speculation was sent 100 ms into the silence: 500 ms of its 1 s were hidden
     assert h.time_of("transcript.final") - h.time_of("speech.stopped") == pytest.approx(
         1.0 - (0.6 - PAUSE_S), abs=2 * WINDOW_S
     )
@@ -114,12 +117,16 @@ async def test_a_complete_turn_ends_at_the_pause() -> None:
         await h.say(silence(800))
         await h.wait_for("response.done")
     ((asked_at, samples),) = model.asked
-    assert asked_at - speech_end == pytest.approx(PAUSE_S, abs=2 * WINDOW_S)
-    assert samples / 16000 == pytest.approx(0.2 + 1.0 + 0.2, abs=0.05)  # pre-roll, speech, pad
+    assert asked_at - speech_end == pytest.approx(FIRST_ASK_S, abs=2 * WINDOW_S)
+    # pre-roll, speech, and the silence so far
+    assert samples / 16000 == pytest.approx(0.2 + 1.0 + FIRST_ASK_S, abs=2 * WINDOW_S)
     stopped = h.time_of("speech.stopped")
     assert stopped == pytest.approx(asked_at + model.delay_s)
-    # the speculative transcript (sent at the pause) is the final: 150 ms of its 200 hidden
-    assert h.time_of("transcript.final") == pytest.approx(asked_at + h.bus.asr_delay_s)
+    # the speculative transcript (sent at the pause, before the model was asked) is the final
+    sent = speech_end + PAUSE_S
+    assert h.time_of("transcript.final") == pytest.approx(
+        max(stopped, sent + h.bus.asr_delay_s), abs=2 * WINDOW_S
+    )
     assert len(final_jobs(h)) == 1
 
 
@@ -131,7 +138,8 @@ async def test_an_incomplete_turn_is_asked_again_as_the_silence_grows() -> None:
         await h.say(silence(1500))
         await h.wait_for("response.done")
     times = [t - speech_end for t, _ in model.asked]
-    assert times == pytest.approx([0.2, 0.5, 0.8], abs=2 * WINDOW_S)  # every 300 ms
+    grid = [FIRST_ASK_S + k * RECHECK_S for k in range(3)]
+    assert times == pytest.approx(grid, abs=2 * WINDOW_S)
     assert [n for _, n in model.asked] == sorted(n for _, n in model.asked)  # more silence
     assert h.time_of("speech.stopped") == pytest.approx(model.asked[-1][0] + model.delay_s)
     assert len(final_jobs(h)) == 1  # one pause, one speculation, kept
@@ -146,9 +154,12 @@ async def test_a_turn_the_model_never_calls_complete_ends_at_the_fallback() -> N
         await h.say(silence(2000))
         await h.wait_for("response.done")
     assert h.time_of("speech.stopped") - speech_end == pytest.approx(1.5, abs=2 * WINDOW_S)
-    times = [t - speech_end for t, _ in model.asked]  # at 0.2 s, then every 0.3 s or so
-    assert len(times) in (4, 5) and times[0] == pytest.approx(0.2, abs=2 * WINDOW_S)
-    assert all(0.3 <= b - a <= 0.3 + 2 * WINDOW_S for a, b in itertools.pairwise(times))
+    times = [t - speech_end for t, _ in model.asked]  # first ask, then every recheck
+    asks = 1 + int((1.5 - FIRST_ASK_S) / RECHECK_S)
+    assert len(times) in (asks, asks + 1)
+    assert times == pytest.approx(
+        [FIRST_ASK_S + k * RECHECK_S for k in range(len(times))], abs=2 * WINDOW_S
+    )
 
 
 @on_virtual_time
@@ -219,4 +230,4 @@ async def test_smart_turn_without_speculation_trusts_the_model() -> None:
         speech_end = await h.say(silence(200), tone(1000))
         await h.say(silence(800))
         await h.wait_for("response.done")
-    assert h.time_of("speech.stopped") - speech_end == pytest.approx(PAUSE_S, abs=2 * WINDOW_S)
+    assert h.time_of("speech.stopped") - speech_end == pytest.approx(FIRST_ASK_S, abs=2 * WINDOW_S)

@@ -15,6 +15,7 @@ import numpy as np
 from websockets.asyncio.server import ServerConnection, serve
 
 from services.client.stream import write_wav
+from services.common.vad import VadSettings
 from services.loadtest.cli import main
 from services.ops.redis_server import free_port
 from tests.conftest import Stack
@@ -60,9 +61,11 @@ def test_loadtest_against_the_lite_stack(lite_stack: Stack, tmp_path: Path) -> N
         assert figures["p50"] <= figures["p95"] <= figures["p99"] <= figures["max"], stage
         assert len(level["samples_ms"][stage]) == figures["count"]
     stages = level["stages_ms"]
-    assert stages["end_of_turn"]["p50"] >= 500  # the gateway waits 600 ms of silence
+    # the gateway hears at least a pause of silence before it answers (the default policy
+    # is smart-turn here, the tests extra installs it: often well under the 600 ms silence)
+    assert stages["end_of_turn"]["p50"] >= VadSettings().pause_ms
     assert stages["voice_to_voice"]["p50"] >= stages["end_of_turn"]["p50"]
-    # two turns of pocketsphinx on a busy machine: the words are there, not all of them
+    # two turns of tiny.en on a busy machine: the words are there, not all of them
     assert level["word_accuracy"]["count"] >= 2 and level["word_accuracy"]["mean"] >= 0.1
     assert level["engine_ms"] is not None and level["engine_ms"] > 0
     assert level["client"]["send_lag_ms"]["p50"] is not None

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib.util
-from collections.abc import Awaitable, Callable
 from functools import cache
 from types import ModuleType
 
@@ -18,7 +17,7 @@ from services.common.errors import EngineUnavailable
 from services.gateway import smart_turn
 from services.gateway.settings import GatewaySection
 from services.gateway.smart_turn import SMART_TURN, SmartTurnBatcher, SmartTurnModel, shared_model
-from services.gateway.turn_end import SmartTurn, create_policy
+from services.gateway.turn_end import SmartTurn, create_policy, ends_mid_thought
 from services.tts.engines.base import SpeechRequest
 from services.tts.engines.piper import PiperEngine
 from services.tts.settings import PiperSettings
@@ -106,16 +105,17 @@ async def test_sessions_asking_together_share_one_model_call() -> None:
     assert calls == [5] and len(set(np.round(found, 5))) == 1
 
 
+def heard(text: str | None) -> asyncio.Future[str | None]:
+    """A speculative transcript already in."""
+    future: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+    future.set_result(text)
+    return future
+
+
 async def test_the_policy_asks_the_model_then_the_words() -> None:
     policy = SmartTurn(GatewaySection())
     policy.load()
     assert policy.decides_at_pause
-
-    def heard(text: str | None) -> Callable[[], Awaitable[str | None]]:
-        async def transcript() -> str | None:
-            return text
-
-        return transcript
 
     complete = np.concatenate([piper("Where is the nearest pharmacy?"), PAUSE])
     cut = np.concatenate([piper("What is the weather like in"), PAUSE])
@@ -123,6 +123,83 @@ async def test_the_policy_asks_the_model_then_the_words() -> None:
     assert await policy.turn_complete(complete, heard(None))  # no transcript: the model
     assert not await policy.turn_complete(complete, heard("I would like a table for"))
     assert not await policy.turn_complete(cut, heard("What is the weather like?"))
+
+
+class CountingProbability:
+    """Stands in for the model's batcher; counts the asks."""
+
+    def __init__(self, probability: float) -> None:
+        self.value, self.asked = probability, 0
+        self.was_asked = asyncio.Event()
+
+    async def probability(self, audio: np.ndarray) -> float:
+        self.asked += 1
+        self.was_asked.set()
+        return self.value
+
+
+async def test_words_already_known_to_end_mid_thought_skip_the_model() -> None:
+    policy = SmartTurn(GatewaySection())
+    model = CountingProbability(0.9)
+    policy.batcher = model  # type: ignore[assignment]
+    clip = np.zeros(16000, np.float32)
+    spoken: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+    # first ask: the transcript is not in yet, so the model is asked, then the words decide
+    asking = asyncio.create_task(policy.turn_complete(clip, spoken, 100))
+    await model.was_asked.wait()
+    assert model.asked == 1 and not asking.done()
+    spoken.set_result("I would like a table for")
+    assert not await asking
+    # rechecks in the same pause: the words are known and say wait, the model is not asked
+    assert not await policy.turn_complete(clip, spoken, 300)
+    assert not await policy.turn_complete(clip, spoken, 5000)
+    assert model.asked == 1
+    # finished words: the model is asked again and decides
+    assert await policy.turn_complete(clip, heard("Where is the nearest pharmacy?"), 300)
+    assert model.asked == 2
+    # an ask cancelled with its session leaves the shared transcript to the others
+    pending: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+    model.was_asked.clear()
+    waiting = asyncio.create_task(policy.turn_complete(clip, pending, 100))
+    await model.was_asked.wait()  # the model answered; the policy waits for the words
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert not pending.cancelled()
+
+
+async def test_model_and_words_disagreeing_end_the_turn_at_the_unsure_silence() -> None:
+    policy = SmartTurn(GatewaySection(end_of_turn_unsure_ms=900))
+    policy.load()
+
+    complete = np.concatenate([piper("Where is the nearest pharmacy?"), PAUSE])
+    cut = np.concatenate([piper("What is the weather like in"), PAUSE])
+    # the model hears more to come, the words do not: wait, then end
+    assert not await policy.turn_complete(cut, heard("What is the weather?"), 600)
+    assert await policy.turn_complete(cut, heard("What is the weather?"), 900)
+    # words that trail off wait for the fallback whatever the silence
+    assert not await policy.turn_complete(complete, heard("Where is the nearest..."), 1900)
+
+
+@pytest.mark.parametrize(
+    ("text", "mid_thought"),
+    [
+        ("What is the weather like in Paris today?", False),
+        ("Thanks!", False),
+        ("Could you play music", False),
+        ("Please remind me to...", True),
+        ("What is the weather light in-", True),
+        ("Can you tell me, um,", True),
+        ("I would like a table for.", True),
+        ("Could you play some", True),
+        # Whisper writes numbers as digits: a sentence ending in one is finished
+        ("My flight leaves at 7", False),
+        ("Book a table for 2.", False),
+        ("", False),
+    ],
+)
+def test_a_transcript_is_read_by_how_it_ends(text: str, mid_thought: bool) -> None:
+    assert ends_mid_thought(text) is mid_thought
 
 
 def test_auto_picks_smart_turn_when_its_model_is_installed(
