@@ -91,6 +91,6 @@ def _gateway_settings(profile: Profile, redis: RedisSettings, tts_url: str) -> A
 
 @pytest.fixture(scope="session")
 def lite_stack(redis_server: RedisProc) -> Iterator[Stack]:
-    """ASR (pocketsphinx), TTS (espeak-ng) and the gateway, joined by a real Redis."""
+    """ASR (faster-whisper tiny.en), TTS (Piper) and the gateway, joined by a real Redis."""
     with start_stack(redis_server.settings()) as stack:
         yield stack

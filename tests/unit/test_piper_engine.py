@@ -105,6 +105,16 @@ def test_speed_shortens_the_speech() -> None:
     assert 0.4 < fast / normal < 0.7
 
 
+def test_durations_vary_unless_their_noise_is_off() -> None:
+    text = "hello from the speech service"
+    varied = {sum(c.size for c in spoken(joe(), text)) for _ in range(4)}
+    steady = PiperEngine(PiperSettings(noise_w_scale=0.0))
+    steady.load()
+    lengths = {sum(c.size for c in spoken(steady, text)) for _ in range(4)}
+    assert len(varied) > 1
+    assert len(lengths) == 1
+
+
 def test_stopping_between_pieces() -> None:
     stop = threading.Event()
     request = SpeechRequest(

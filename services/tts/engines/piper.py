@@ -191,10 +191,11 @@ class PiperEngine:
 
     def synthesize(self, request: SpeechRequest) -> Iterator[AudioF32]:
         voice = self._voice(request.voice)
-        config = self._synthesis_config(
-            length_scale=float(voice.config.length_scale) / request.speed
-        )
         settings = self.settings
+        config = self._synthesis_config(
+            length_scale=float(voice.config.length_scale) / request.speed,
+            noise_w_scale=settings.noise_w_scale,
+        )
         keep = {
             "clause": int(self.sample_rate * settings.clause_pause_ms / 1000),
             "phrase": int(self.sample_rate * settings.phrase_pause_ms / 1000),
@@ -252,6 +253,7 @@ def _load_onnx_voice(onnx: Path, threads: int) -> Any:
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     try:
         config = PiperConfig.from_dict(json.loads(onnx.with_name(f"{onnx.name}.json").read_text()))
         session = onnxruntime.InferenceSession(
