@@ -29,7 +29,12 @@ def lite_stack(
     if "redis" in cpus:
         os.sched_setaffinity(redis.pid, cpus["redis"])
     ports = {"asr": free_port(), "tts": free_port(), "gateway": free_port()}
-    env = {**os.environ, "VA_REDIS__URL": f"redis://127.0.0.1:{redis_port}/0", **(extra_env or {})}
+    env = {
+        **os.environ,
+        "VA_REDIS__URL": f"redis://127.0.0.1:{redis_port}/0",
+        "VA_AUTH__REQUIRED": "false",  # loopback only, as `voice-agent up` runs it
+        **(extra_env or {}),
+    }
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", f"services.{name}.server", "--port", str(port)],

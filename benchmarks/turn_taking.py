@@ -13,8 +13,10 @@ goes on; the fragment synthesized as its own text would end like a sentence.
 Per configuration, a fresh lite stack (faster-whisper tiny.en + Piper + echo agent, as
 `voice-agent up` runs it) hears the whole set through /v1/stream in one session:
 
-- complete turns: end-of-turn delay (last speech frame sent → `speech.stopped`), the
-  transcript's arrival, and voice-to-voice (→ first agent audio frame);
+- complete turns: end-of-turn delay (the end of the voice → `speech.stopped`), the
+  transcript's arrival, and voice-to-voice (→ first agent audio frame), all measured on
+  the client from when the last voiced sample left (the clip's own trailing silence —
+  about 150 ms in a Piper clip — counts as waiting, as it would for a person);
 - incomplete turns: a *false cut-off* when the agent starts a response before the last
   `speech.stopped` of the utterance, i.e. it answered the fragment.
 
@@ -28,17 +30,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+import jiwer
 import numpy as np
 
 from benchmarks.report import summary, write
 from benchmarks.stack import lite_stack
 from benchmarks.voices import RATE, Audio, Voice, espeak, piper
 from services.client.stream import Received, StreamClient
+from services.loadtest.stats import words
 
 # (sentence, the word the continuation starts with: the cut falls just before it)
 SET: list[tuple[str, str]] = [
@@ -54,21 +59,40 @@ SET: list[tuple[str, str]] = [
     ("What is the difference between a crocodile and an alligator?", "an"),
 ]
 
+BEFORE = "before: silence 600 ms, no speculation, pads 200 ms, Piper 1 thread, 6-word piece"
 CONFIGS: dict[str, dict[str, str]] = {
-    "silence 600 ms, no speculation (before)": {
+    BEFORE: {
         "VA_GATEWAY__END_OF_TURN": "silence",
         "VA_GATEWAY__SPECULATIVE_ASR": "false",
+        "VA_VAD__PAUSE_MS": "200",
+        "VA_VAD__TRAILING_PAD_MS": "200",
+        "VA_TTS__PIPER__THREADS": "1",
+        "VA_TTS__PIPER__FIRST_PIECE_WORDS": "6",
     },
     "silence 600 ms": {"VA_GATEWAY__END_OF_TURN": "silence"},
     "heuristic": {"VA_GATEWAY__END_OF_TURN": "heuristic"},
     "smart-turn": {"VA_GATEWAY__END_OF_TURN": "smart-turn"},
+    "smart-turn, first asked at 200 ms, rechecks every 300 ms": {
+        "VA_GATEWAY__END_OF_TURN": "smart-turn",
+        "VA_GATEWAY__END_OF_TURN_FIRST_ASK_MS": "200",
+        "VA_GATEWAY__END_OF_TURN_RECHECK_MS": "300",
+    },
+    "smart-turn, unsure 500 ms": {
+        "VA_GATEWAY__END_OF_TURN": "smart-turn",
+        "VA_GATEWAY__END_OF_TURN_UNSURE_MS": "500",
+    },
 }
+"""Each against the defaults (pause 100 ms, trailing pad 100 ms, smart-turn first asked
+at the pause and again every 200 ms, unsure 1 s, Piper 2 threads with a 4-word first
+piece); `before` is how the stack ran before this benchmark drove those changes."""
 
 
 ESPEAK: dict[str, Voice] = {
     "espeak en-us 160 wpm": espeak("en-us", 160),
     "espeak en-gb 190 wpm": espeak("en-gb", 190),
 }
+Transcribe = Callable[[list[Audio]], list[str]]
+
 PIPER: dict[str, Voice] = {"piper joe 1.0": piper(1.0), "piper joe 1.2": piper(1.2)}
 
 
@@ -80,6 +104,13 @@ class Utterance:
     first: Audio  # the whole sentence, or the fragment before the pause
     rest: Audio | None  # the continuation after the pause (incomplete only)
     fragment_text: str
+    cut_heard: tuple[str, str] | None = None  # what the ASR hears on each side of the cut
+
+    @property
+    def trailing_silence_s(self) -> float:
+        """Silence at the end of the last part sent (a Piper clip ends with ~150 ms)."""
+        last = self.rest if self.rest is not None else self.first
+        return (last.size - _speech_end(last)) / RATE
 
 
 def _speech_end(audio: Audio, floor: float = 0.01) -> int:
@@ -88,25 +119,85 @@ def _speech_end(audio: Audio, floor: float = 0.01) -> int:
     return int(loud[-1]) + 1 if loud.size else 0
 
 
-def cut_point(audio: Audio, fragment: Audio) -> int:
+FILLERS = frozenset({"um", "uh", "er", "erm", "hmm"})
+"""Whisper leaves these out of transcripts: a cut's transcript is compared without them."""
+
+
+def _quiet_points(audio: Audio, estimate: int) -> list[int]:
+    """Candidate cuts: the quietest 10 ms of each 40 ms step from 250 ms before to 150 ms
+    after `estimate` (the gaps between words fall among them)."""
+    hop = RATE // 100
+    lo = max(hop, estimate - RATE // 4)
+    hi = min(audio.size - hop, estimate + RATE * 15 // 100)
+    points = []
+    for start in range(lo, hi, 4 * hop):
+        window = range(start, min(hi, start + 4 * hop), hop // 2)
+        energy = [float(np.sqrt(np.mean(audio[i : i + hop] ** 2))) for i in window]
+        if energy:
+            points.append(window[int(np.argmin(energy))] + hop // 2)
+    return points or [estimate]
+
+
+def cut_point(
+    audio: Audio, fragment: Audio, sentence: str, fragment_text: str, transcribe: Transcribe
+) -> tuple[int, tuple[str, str]]:
     """Where the fragment's words end inside the whole sentence's audio.
 
-    The fragment said alone lasts about as long as the same words inside the sentence
-    (a little longer: its last word is drawn out as a sentence's end is); the cut is the
-    quietest 10 ms within 120 ms before to 80 ms after that estimate, which is the gap
-    between two words wherever the voice leaves one."""
+    The fragment said alone lasts about as long as the same words inside the sentence;
+    among the quiet points near that estimate, the cut is the one where the ASR hears the
+    fragment's words before it and the rest of the sentence after it (fewest word errors
+    in both, fillers aside; then the quietest point, the gap between the words rather
+    than a stop inside the next one). A cut one word early or late would mislabel the
+    utterance ("...remind me to call" or "...weather like" can be whole sentences), and
+    a cut inside the next word leaves its onset in the fragment ("...play some re-")."""
     estimate = _speech_end(fragment)
+    points = _quiet_points(audio, estimate)
+    heard = transcribe([audio[:point] for point in points] + [audio[point:] for point in points])
+    before, after = heard[: len(points)], heard[len(points) :]
+    rest_text = sentence[len(fragment_text) :]
+
+    def errors(expected: str, text: str) -> int:
+        want = " ".join(w for w in words(expected).split() if w not in FILLERS)
+        said = " ".join(w for w in words(text).split() if w not in FILLERS)
+        out = jiwer.process_words(want, said)
+        return int(out.substitutions + out.deletions + out.insertions)
+
     hop = RATE // 100
-    lo, hi = (
-        max(hop, estimate - RATE * 12 // 100),
-        min(audio.size - hop, estimate + RATE * 8 // 100),
+
+    def loudness(point: int) -> float:
+        return float(np.sqrt(np.mean(audio[point - hop // 2 : point + hop // 2] ** 2)))
+
+    ranked = sorted(
+        zip(points, before, after, strict=True),
+        key=lambda row: (
+            errors(fragment_text, row[1]) + errors(rest_text, row[2]),
+            loudness(row[0]),
+        ),
     )
-    starts = range(lo, hi, hop // 2)
-    energy = [float(np.sqrt(np.mean(audio[i : i + hop] ** 2))) for i in starts]
-    return starts[int(np.argmin(energy))] + hop // 2
+    point, heard_before, heard_after = ranked[0]
+    return point, (heard_before, heard_after)
 
 
-def labelled_set() -> list[Utterance]:
+def asr_transcriber() -> Transcribe:
+    """The lite profile's ASR (tiny.en), each clip followed by 100 ms of silence (as the
+    gateway's trailing pad)."""
+    from services.asr.engines.base import AsrInput
+    from services.asr.engines.whisper import FasterWhisperEngine
+    from services.asr.settings import WhisperSettings
+
+    engine = FasterWhisperEngine(WhisperSettings(model="tiny.en"))
+    engine.load()
+    pad = np.zeros(RATE // 10, np.float32)
+
+    def transcribe(clips: list[Audio]) -> list[str]:
+        items = [AsrInput(audio=np.concatenate([clip, pad])) for clip in clips]
+        return [t.text for t in engine.transcribe_batch(items)]
+
+    return transcribe
+
+
+def labelled_set(transcribe: Transcribe | None = None) -> list[Utterance]:
+    transcribe = transcribe or asr_transcriber()
     out = []
     espeak, piper = list(ESPEAK), list(PIPER)
     for i, (sentence, word) in enumerate(SET):
@@ -115,8 +206,9 @@ def labelled_set() -> list[Utterance]:
             say = ESPEAK.get(voice) or PIPER[voice]
             audio = say(sentence)
             out.append(Utterance(sentence, voice, True, audio, None, sentence))
-            cut = cut_point(audio, say(fragment_text))
-            out.append(Utterance(sentence, voice, False, audio[:cut], audio[cut:], fragment_text))
+            cut, heard = cut_point(audio, say(fragment_text), sentence, fragment_text, transcribe)
+            first, rest = audio[:cut], audio[cut:]
+            out.append(Utterance(sentence, voice, False, first, rest, fragment_text, heard))
     return out
 
 
@@ -134,7 +226,8 @@ async def hear(url: str, utterances: list[Utterance], gap_ms: int) -> list[dict[
             await client.speak(utterance.first, RATE)
             if utterance.rest is not None:
                 await client.speak(utterance.rest, RATE, lead_silence_ms=gap_ms)
-            end = turn.last_speech_sent_at or 0.0
+            # the end of the voice: the last frame left, less the clip's own trailing silence
+            end = (turn.last_speech_sent_at or 0.0) - utterance.trailing_silence_s
             answer = await _answer_then_cancel(client, turn, end, audio_at)
             rows.append(_row(utterance, turn, end, answer, audio_at))
             await client.silence(0.6)
@@ -192,14 +285,18 @@ def _row(
     first_audio = (
         None if answered_at is None else next((t for t in audio_at if t >= answered_at), None)
     )
-    cut_off = bool(created) and bool(stopped) and created[0] < stopped[-1]
+    # an answer begun before the user's last words (a continuation lost after the
+    # cut-off, with no turn of its own, still counts); in a whole sentence, an answer at
+    # a pause inside it ("My flight leaves at seven, | and...")
+    cut_off = bool(created) and created[0] < end
     return {
         "sentence": utterance.sentence,
         "voice": utterance.voice,
         "complete": utterance.complete,
         "fragment": None if utterance.complete else utterance.fragment_text,
+        "cut_heard": utterance.cut_heard,
         "transcripts": [e["text"] for _, e in turn.events if e.get("type") == "transcript.final"],
-        "false_cut_off": None if utterance.complete else cut_off,
+        "false_cut_off": cut_off,
         "responses": len(created),
         "end_of_turn_ms": ms(stopped[-1] if stopped else None),
         "transcript_final_ms": ms(finals[-1] if finals else None),
@@ -259,7 +356,12 @@ def tabulate(rows: list[dict[str, Any]]) -> dict[str, Any]:
         values("voice_to_voice_ms"),
     )
     cut = sum(1 for r in incomplete if r["false_cut_off"])
+    cut_whole = sum(1 for r in complete if r["false_cut_off"])
+    heard = [(words(r["sentence"]), words(" ".join(r["transcripts"]))) for r in complete]
     return {
+        "transcript_wer": round(
+            float(jiwer.wer([said for said, _ in heard], [got for _, got in heard])), 4
+        ),
         "end_of_turn_ms": summary(eot) if eot else None,
         "transcript_final_ms": summary(final) if final else None,
         "voice_to_voice_ms": summary(v2v) if v2v else None,
@@ -267,6 +369,7 @@ def tabulate(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "false_cut_offs": cut,
         "incomplete": len(incomplete),
         "false_cut_off_rate": round(cut / max(1, len(incomplete)), 3),
+        "complete_cut_inside": cut_whole,
         "timed_out": sum(1 for r in rows if r["timed_out"]),
     }
 
