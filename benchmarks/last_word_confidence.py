@@ -8,8 +8,9 @@ tiny.en mishears into one that looks finished ("...a recipe for a" → "...a rec
 it."). This measures whether the ASR's own confidence in that word tells them apart: each
 utterance's first part (the whole sentence, or the fragment) with 200 ms of pre-roll and
 100 ms of trailing silence, as the gateway sends it, decoded greedily as the lite profile
-does, with the log-probability of every chosen token. An analysis for the next step of
-the word check (not wired into the gateway yet: see docs/turn-taking.md).
+does, with the engine's log-probability of the last word (the sum over its tokens:
+`last_word_confidence`). smart-turn holds a turn whose last word scores below
+`VA_GATEWAY__END_OF_TURN_LAST_WORD_LOGPROB` (docs/turn-taking.md).
 """
 
 from __future__ import annotations
@@ -24,70 +25,28 @@ from benchmarks.report import write
 from benchmarks.turn_taking import RATE, Utterance, asr_transcriber, labelled_set
 from services.gateway.turn_end import ends_mid_thought
 
-PUNCTUATION = frozenset(".?!,;:-…")
-
-
-def token_logprobs(logits: Any, tokens: list[int]) -> list[float]:
-    """The log-probability of each chosen token (and of the end of text after them), from
-    the per-step logits CTranslate2 returns."""
-    steps = np.asarray(logits, dtype=np.float64)
-    steps -= steps.max(axis=1, keepdims=True)
-    log_norm = np.log(np.exp(steps).sum(axis=1))
-    return [float(steps[i, t] - log_norm[i]) for i, t in enumerate(tokens) if i < len(steps)]
-
-
-def last_word_index(pieces: list[str]) -> int | None:
-    """The last token that is part of a word (not punctuation alone)."""
-    words = [
-        i
-        for i, piece in enumerate(pieces)
-        if piece.strip(" ") and not set(piece.strip()) <= PUNCTUATION
-    ]
-    return words[-1] if words else None
-
 
 def measure(utterances: list[Utterance]) -> list[dict[str, Any]]:
-    import ctranslate2
-
+    from services.asr.engines.base import AsrInput
     from services.asr.engines.whisper import FasterWhisperEngine
     from services.asr.settings import WhisperSettings
 
-    engine = FasterWhisperEngine(WhisperSettings(model="tiny.en"))
+    engine = FasterWhisperEngine(WhisperSettings(model="tiny.en", last_word_confidence=True))
     engine.load()
-    model = engine._whisper.model
     pre, pad = np.zeros(RATE // 5, np.float32), np.zeros(RATE // 10, np.float32)
-    end_of_text = engine._decoder.eot
     rows = []
     for utterance in utterances:
-        features = engine._features(np.concatenate([pre, utterance.first, pad]))
-        window = np.zeros(
-            (1, features.shape[0], engine._window_frames(features.shape[1])), np.float32
-        )
-        window[0, :, : features.shape[1]] = features
-        encoded = model.encode(ctranslate2.StorageView.from_array(window))
-        (result,) = model.generate(
-            encoded,
-            [engine._prompt("en")],
-            beam_size=1,
-            return_logits_vocab=True,
-            suppress_tokens=engine._suppress,
-            max_length=2 * 64,
-        )
-        tokens = [int(t) for t in result.sequences_ids[0]]
-        logprobs = token_logprobs(result.logits[0], [*tokens, end_of_text])
-        text = str(engine._decoder.decode(tokens)).strip()
-        last = last_word_index([engine._decoder.decode([t]) for t in tokens])
+        audio = np.concatenate([pre, utterance.first, pad])
+        (heard,) = engine.transcribe_batch([AsrInput(audio, "en")])
+        logprob = heard.last_word_logprob
         rows.append(
             {
                 "sentence": utterance.sentence,
                 "voice": utterance.voice,
                 "complete": utterance.complete,
-                "heard": text,
-                "ends_mid_thought": ends_mid_thought(text),
-                "last_word_logprob": None if last is None else round(logprobs[last], 3),
-                "end_of_text_logprob": round(logprobs[-1], 3)
-                if len(logprobs) > len(tokens)
-                else None,
+                "heard": heard.text,
+                "ends_mid_thought": ends_mid_thought(heard.text),
+                "last_word_logprob": None if logprob is None else round(logprob, 3),
             }
         )
     return rows

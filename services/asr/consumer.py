@@ -43,7 +43,10 @@ class AsrJobHandler:
             )
             return
         result = job.result(
-            transcript.text, transcript.language, (time.perf_counter() - started) * 1000
+            transcript.text,
+            transcript.language,
+            (time.perf_counter() - started) * 1000,
+            transcript.last_word_logprob,
         )
         # the job's only result: on a replica (wait_replicas) before it is marked done
         durable = job.mode == "final"

@@ -38,7 +38,13 @@ class AsrJob(BusMessage):
     language: str | None = None
     enqueued_at: float = 0.0
 
-    def result(self, text: str, language: str | None = None, latency_ms: float = 0.0) -> AsrResult:
+    def result(
+        self,
+        text: str,
+        language: str | None = None,
+        latency_ms: float = 0.0,
+        last_word_logprob: float | None = None,
+    ) -> AsrResult:
         """This job's transcript, addressed back to its session and utterance."""
         return AsrResult(
             job_id=self.job_id,
@@ -48,6 +54,7 @@ class AsrJob(BusMessage):
             text=text,
             language=language,
             latency_ms=latency_ms,
+            last_word_logprob=last_word_logprob,
         )
 
     def failed(self, code: str, message: str) -> JobFailed:
@@ -123,6 +130,8 @@ class AsrResult(BusMessage):
     text: str
     language: str | None = None
     latency_ms: float = 0.0
+    last_word_logprob: float | None = None
+    """The ASR's log-probability of the text's last word (None: the engine does not say)."""
 
 
 class TtsChunk(BusMessage):

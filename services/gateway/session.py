@@ -58,7 +58,7 @@ from services.gateway.chunking import Chunker
 from services.gateway.response import ResponseAudio
 from services.gateway.settings import GatewaySection
 from services.gateway.store import SessionStore
-from services.gateway.turn_end import EndOfTurn, SilenceOnly
+from services.gateway.turn_end import EndOfTurn, Heard, SilenceOnly
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ def _job_error(result: JobFailed, fallback: type[VoiceAgentError]) -> VoiceAgent
     return error
 
 
-def _settle(future: asyncio.Future[str | None], value: str | None) -> None:
+def _settle(future: asyncio.Future[Heard | None], value: Heard | None) -> None:
     if not future.done():
         future.set_result(value)
 
@@ -104,7 +104,7 @@ class _Speculation:
     utterance_id: str
     end_ms: int
     job_id: str
-    heard: asyncio.Future[str | None]
+    heard: asyncio.Future[Heard | None]
     """Its text once it comes; None if it is dropped or fails first."""
     result: AsrResult | None = None
     """Its transcript, when it came before the turn ended."""
@@ -350,11 +350,11 @@ class Session:
             self._pause = _Pause(utterance_id, pause.end_ms)
             self._maybe_ask_again()
 
-    def _speculative_text(self) -> asyncio.Future[str | None]:
+    def _speculative_text(self) -> asyncio.Future[Heard | None]:
         """The transcript of the speculation under way, a future (already None: none)."""
         if self._speculation is not None:
             return self._speculation.heard
-        none: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        none: asyncio.Future[Heard | None] = asyncio.get_running_loop().create_future()
         none.set_result(None)
         return none
 
@@ -480,7 +480,7 @@ class Session:
             case AsrResult(mode="final") if self._is_speculation(result.job_id):
                 assert self._speculation is not None
                 self._speculation.result = result  # kept until the turn ends, or dropped
-                _settle(self._speculation.heard, result.text)
+                _settle(self._speculation.heard, Heard(result.text, result.last_word_logprob))
             case AsrResult(mode="final"):
                 await self._on_transcript(result)
             case AsrResult():

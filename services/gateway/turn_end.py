@@ -15,9 +15,11 @@ Two kinds of policy:
 `smart-turn` joins the audio model and the words of the transcript:
 - the transcript ends mid-thought ("...a table for", "...and", "um", "to...") → wait, up
   to `end_of_turn_fallback_ms` (the model alone called half such fragments complete);
-- otherwise the model says complete → end now;
+- otherwise the model says complete and the ASR is sure of the last word → end now;
 - the model hears more to come but the words do not ("So I was wondering if you could
-  help me with my order.", p = 0.02) → end at `end_of_turn_unsure_ms` of silence.
+  help me with my order.", p = 0.02), or the ASR doubts the last word (a fragment's
+  last word misheard as one that ends a sentence: "...a recipe for a" heard as "...a
+  recipe for it.") → end at `end_of_turn_unsure_ms` of silence.
 Measured on labelled speech in benchmarks/turn_taking.py. Waiting for the transcript
 costs nothing on the way to the answer, which needs it anyway.
 
@@ -33,6 +35,7 @@ import importlib
 import logging
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from services.common.audio import AudioF32
@@ -47,7 +50,20 @@ if TYPE_CHECKING:
     from services.gateway.smart_turn import SmartTurnBatcher
 
 
-Transcript = asyncio.Future[str | None]
+@dataclass(frozen=True, slots=True)
+class Heard:
+    """A speculative transcript: its text, and how sure the ASR is of its last word."""
+
+    text: str
+    last_word_logprob: float | None = None
+    """Log-probability of the last word (None: the ASR does not say)."""
+
+    def sure_of_last_word(self, threshold: float) -> bool:
+        """Whether the last word scores at least `threshold` (true when unknown)."""
+        return self.last_word_logprob is None or self.last_word_logprob >= threshold
+
+
+Transcript = asyncio.Future[Heard | None]
 """The speculative transcript of the pause being decided: done once it is known (None: none
 will come). A policy may read it at once when it is done, or await it (shielded: it is the
 session's, and other asks of the same pause share it)."""
@@ -146,6 +162,7 @@ class SmartTurn(SilenceOnly):
         self.threshold = settings.smart_turn_threshold
         self.threads = settings.smart_turn_threads
         self.unsure_ms = settings.end_of_turn_unsure_ms
+        self.last_word_logprob = settings.end_of_turn_last_word_logprob
         self.batcher: SmartTurnBatcher | None = None
 
     def load(self) -> None:
@@ -159,24 +176,39 @@ class SmartTurn(SilenceOnly):
     ) -> bool:
         if self.batcher is None:
             raise RuntimeError("smart-turn: load() was not called")
-        if transcript.done() and ends_mid_thought(transcript.result()):
-            # words that end mid-thought wait for the fallback whatever the model says: a
-            # recheck in the same pause skips the model
-            metrics.TURN_MODEL.labels("incomplete_words").inc()
-            return False
+        if transcript.done():
+            decided = self._by_words(transcript.result(), silence_ms)
+            if decided is not None:  # the model's answer cannot change it: not asked
+                return decided
         probability = await self.batcher.probability(audio)
-        complete = probability >= self.threshold
         log.debug("turn model: p=%.3f after %d ms of silence", probability, silence_ms)
-        if ends_mid_thought(await asyncio.shield(transcript)):
-            metrics.TURN_MODEL.labels("incomplete_words").inc()
-            return False
-        if complete:
+        heard = await asyncio.shield(transcript)
+        decided = self._by_words(heard, silence_ms)
+        if decided is not None:
+            return decided
+        if probability >= self.threshold:
             metrics.TURN_MODEL.labels("complete").inc()
             return True
+        return self._unsure(silence_ms, "incomplete")
+
+    def _by_words(self, heard: Heard | None, silence_ms: int) -> bool | None:
+        """The decision the transcript alone makes, whatever the model says (None: the
+        model decides): words that end mid-thought wait for the fallback; a last word the
+        ASR doubts waits for the unsure wait."""
+        if heard is None:
+            return None
+        if ends_mid_thought(heard.text):
+            metrics.TURN_MODEL.labels("incomplete_words").inc()
+            return False
+        if not heard.sure_of_last_word(self.last_word_logprob):
+            return self._unsure(silence_ms, "unsure_word")
+        return None
+
+    def _unsure(self, silence_ms: int, reason: str) -> bool:
         if silence_ms >= self.unsure_ms:
             metrics.TURN_MODEL.labels("unsure_ended").inc()
             return True
-        metrics.TURN_MODEL.labels("incomplete").inc()
+        metrics.TURN_MODEL.labels(reason).inc()
         return False
 
 

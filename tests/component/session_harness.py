@@ -123,6 +123,8 @@ class FakeBus:
     heard: dict[str, str] = field(default_factory=dict)
     """utterance id → its transcript (every final-mode job of an utterance hears the same)."""
     asr_delay_s: float = 0.2
+    last_word_logprob: float | None = None
+    """What every final says of its last word (None: the engine does not say)."""
     tts_first_s: float = 0.05
     tts_chunk_s: float = 0.02
     """Between pieces: TTS runs faster than real time, as it must."""
@@ -149,7 +151,8 @@ class FakeBus:
             self.loop.call_later(self.asr_delay_s, self._asr_result, job, text)
 
     def _asr_result(self, job: AsrJob, text: str) -> None:
-        self.deliver(job.result(text), None)
+        sure = self.last_word_logprob if job.mode == "final" else None
+        self.deliver(job.result(text, last_word_logprob=sure), None)
 
     async def submit_tts(self, job: TtsJob) -> None:
         self.tts_jobs.append((self.loop.time(), job))

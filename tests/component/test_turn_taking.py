@@ -13,7 +13,7 @@ import pytest
 from services.common.audio import AudioF32
 from services.gateway import metrics
 from services.gateway.settings import GatewaySection
-from services.gateway.turn_end import SilenceOnly, SmartTurn, Transcript
+from services.gateway.turn_end import Heard, SilenceOnly, SmartTurn, Transcript
 from tests.component.session_harness import Harness, on_virtual_time, running_session, silence, tone
 
 PAUSE_S = 0.1  # VadSettings().pause_ms: the speculative transcript starts
@@ -41,11 +41,13 @@ class ScriptedTurnModel(SilenceOnly):
         self.answers = list(answers)
         self.delay_s = delay_s
         self.asked: list[tuple[float, int]] = []
+        self.transcripts: list[Transcript] = []
 
     async def turn_complete(
         self, audio: AudioF32, transcript: Transcript, silence_ms: int = 0
     ) -> bool:
         self.asked.append((asyncio.get_running_loop().time(), audio.size))
+        self.transcripts.append(transcript)
         await asyncio.sleep(self.delay_s)
         return self.answers.pop(0) if self.answers else False
 
@@ -128,6 +130,18 @@ async def test_a_complete_turn_ends_at_the_pause() -> None:
         max(stopped, sent + h.bus.asr_delay_s), abs=2 * WINDOW_S
     )
     assert len(final_jobs(h)) == 1
+
+
+@on_virtual_time
+async def test_the_policy_gets_the_speculative_words_and_the_asrs_doubt_of_the_last() -> None:
+    model = ScriptedTurnModel(False, True, delay_s=0.2)
+    options = {"transcripts": ["a recipe for it"], "last_word_logprob": -0.81}
+    async with running_session(end_of_turn=model, **options) as h:
+        await h.say(silence(200), tone(1000), silence(800))
+        await h.wait_for("response.done")
+    first, second = model.transcripts
+    assert first is second  # every ask of one pause shares the speculation's future
+    assert first.result() == Heard("a recipe for it", -0.81)
 
 
 @on_virtual_time

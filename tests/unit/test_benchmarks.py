@@ -6,7 +6,6 @@ import argparse
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
@@ -73,15 +72,3 @@ def test_summary_is_nearest_rank_and_rounded() -> None:
     # nearest rank: p50 → rank ceil(0.5 × 20) = 10 → 10; p95 → rank ceil(0.95 × 20) = 19 → 19
     assert summary(values) == {"p50": 10.0, "p95": 19.0, "min": 1.0, "max": 20.0}
     assert summary([3.14159]) == {"p50": 3.1, "p95": 3.1, "min": 3.1, "max": 3.1}
-
-
-def test_last_word_confidence_reads_the_chosen_tokens_log_probabilities() -> None:
-    from benchmarks.last_word_confidence import last_word_index, token_logprobs
-
-    logits = np.log(np.array([[0.7, 0.2, 0.1], [0.25, 0.25, 0.5]]))
-    assert token_logprobs(logits + 3.0, [0, 2]) == pytest.approx([np.log(0.7), np.log(0.5)])
-    assert token_logprobs(logits, [1, 1, 1]) == pytest.approx([np.log(0.2), np.log(0.25)])
-    # the last word, not the punctuation after it
-    assert last_word_index([" I", " need", " it", "."]) == 2
-    assert last_word_index([" to", "..."]) == 0
-    assert last_word_index(["?"]) is None

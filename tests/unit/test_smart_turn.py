@@ -17,7 +17,13 @@ from services.common.errors import EngineUnavailable
 from services.gateway import smart_turn
 from services.gateway.settings import GatewaySection
 from services.gateway.smart_turn import SMART_TURN, SmartTurnBatcher, SmartTurnModel, shared_model
-from services.gateway.turn_end import SmartTurn, create_policy, ends_mid_thought
+from services.gateway.turn_end import (
+    Heard,
+    SmartTurn,
+    Transcript,
+    create_policy,
+    ends_mid_thought,
+)
 from services.tts.engines.base import SpeechRequest
 from services.tts.engines.piper import PiperEngine
 from services.tts.settings import PiperSettings
@@ -105,10 +111,10 @@ async def test_sessions_asking_together_share_one_model_call() -> None:
     assert calls == [5] and len(set(np.round(found, 5))) == 1
 
 
-def heard(text: str | None) -> asyncio.Future[str | None]:
+def heard(text: str | None, last_word_logprob: float | None = None) -> Transcript:
     """A speculative transcript already in."""
-    future: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
-    future.set_result(text)
+    future: Transcript = asyncio.get_running_loop().create_future()
+    future.set_result(None if text is None else Heard(text, last_word_logprob))
     return future
 
 
@@ -143,12 +149,12 @@ async def test_words_already_known_to_end_mid_thought_skip_the_model() -> None:
     model = CountingProbability(0.9)
     policy.batcher = model  # type: ignore[assignment]
     clip = np.zeros(16000, np.float32)
-    spoken: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+    spoken: Transcript = asyncio.get_running_loop().create_future()
     # first ask: the transcript is not in yet, so the model is asked, then the words decide
     asking = asyncio.create_task(policy.turn_complete(clip, spoken, 100))
     await model.was_asked.wait()
     assert model.asked == 1 and not asking.done()
-    spoken.set_result("I would like a table for")
+    spoken.set_result(Heard("I would like a table for"))
     assert not await asking
     # rechecks in the same pause: the words are known and say wait, the model is not asked
     assert not await policy.turn_complete(clip, spoken, 300)
@@ -158,7 +164,7 @@ async def test_words_already_known_to_end_mid_thought_skip_the_model() -> None:
     assert await policy.turn_complete(clip, heard("Where is the nearest pharmacy?"), 300)
     assert model.asked == 2
     # an ask cancelled with its session leaves the shared transcript to the others
-    pending: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+    pending: Transcript = asyncio.get_running_loop().create_future()
     model.was_asked.clear()
     waiting = asyncio.create_task(policy.turn_complete(clip, pending, 100))
     await model.was_asked.wait()  # the model answered; the policy waits for the words
@@ -179,6 +185,35 @@ async def test_model_and_words_disagreeing_end_the_turn_at_the_unsure_silence() 
     assert await policy.turn_complete(cut, heard("What is the weather?"), 900)
     # words that trail off wait for the fallback whatever the silence
     assert not await policy.turn_complete(complete, heard("Where is the nearest..."), 1900)
+
+
+async def test_a_last_word_the_asr_doubts_waits_for_the_unsure_silence() -> None:
+    """tiny.en hears "I need a recipe for a" as "I need a recipe for it." (last word -0.81):
+    however sure the model is, the turn ends only at the unsure wait."""
+    policy = SmartTurn(GatewaySection(end_of_turn_unsure_ms=900))
+    model = CountingProbability(0.95)
+    policy.batcher = model  # type: ignore[assignment]
+    clip = np.zeros(16000, np.float32)
+    misheard = "I need a recipe for it."
+    assert not await policy.turn_complete(clip, heard(misheard, -0.81), 100)
+    assert not await policy.turn_complete(clip, heard(misheard, -0.81), 700)
+    assert model.asked == 0  # known words decide alone: the model's answer changes nothing
+    assert await policy.turn_complete(clip, heard(misheard, -0.81), 900)
+    # a sure last word, or an ASR that gives no score: the model decides at once
+    assert await policy.turn_complete(clip, heard("Where is the nearest pharmacy?", -0.02), 100)
+    assert await policy.turn_complete(clip, heard("Where is the nearest pharmacy?"), 100)
+    assert model.asked == 2
+    # a transcript that comes after the model answered is checked the same way
+    late: Transcript = asyncio.get_running_loop().create_future()
+    model.was_asked.clear()
+    asking = asyncio.create_task(policy.turn_complete(clip, late, 100))
+    await model.was_asked.wait()
+    late.set_result(Heard(misheard, -0.81))
+    assert not await asking
+    # the check can be turned off
+    trusting = SmartTurn(GatewaySection(end_of_turn_last_word_logprob=-100.0))
+    trusting.batcher = model  # type: ignore[assignment]
+    assert await trusting.turn_complete(clip, heard(misheard, -0.81), 100)
 
 
 @pytest.mark.parametrize(

@@ -13,9 +13,16 @@ import numpy as np
 import pytest
 
 from services.asr.engines.base import AsrInput
-from services.asr.engines.whisper import FasterWhisperEngine, max_new_tokens, resolve_model_dir
+from services.asr.engines.whisper import (
+    FasterWhisperEngine,
+    last_word,
+    max_new_tokens,
+    resolve_model_dir,
+    token_logprob,
+)
 from services.asr.settings import WhisperSettings
 from services.common.errors import EngineUnavailable
+from tests.speech import speak
 from tests.tiny_whisper import VOCAB_SIZE, build_tiny_whisper, offline
 
 RATE = 16000
@@ -237,3 +244,45 @@ def test_encoder_windows_are_whole_multiples_of_the_least(
     )
     engine.load()
     assert engine._window_frames(frames) == window
+
+
+@pytest.mark.parametrize(
+    ("pieces", "span"),
+    [
+        ([" I", " need", " a", " rec", "ipe", "."], (3, 5)),
+        ([" Please", " remind", " me", " to", "..."], (3, 4)),
+        (["Hello"], (0, 1)),
+        ([" at", " 7", "."], (1, 2)),
+        (["...", "?"], None),
+        ([], None),
+    ],
+)
+def test_the_last_words_tokens(pieces: list[str], span: tuple[int, int] | None) -> None:
+    assert last_word(pieces) == span
+
+
+def test_a_tokens_log_probability_from_its_steps_logits() -> None:
+    logits = np.log(np.array([[0.7, 0.2, 0.1], [0.25, 0.25, 0.5]]))
+    assert token_logprob(logits[0] + 3.0, 0) == pytest.approx(np.log(0.7))
+    assert token_logprob(logits[1], 2) == pytest.approx(np.log(0.5))
+
+
+def test_tiny_en_says_how_sure_it_is_of_the_last_word() -> None:
+    audio = np.concatenate(
+        [speak("What is the weather like in Paris today", RATE), np.zeros(RATE // 10, np.float32)]
+    )
+    sure, plain = (
+        FasterWhisperEngine(WhisperSettings(model="tiny.en", last_word_confidence=on, warmup=False))
+        for on in (True, False)
+    )
+    sure.load()
+    plain.load()
+    (scored,) = sure.transcribe_batch([AsrInput(audio, "en")])
+    (unscored,) = plain.transcribe_batch([AsrInput(audio, "en")])
+    assert scored.text == unscored.text
+    assert "today" in scored.text.lower()
+    assert scored.last_word_logprob is not None and -0.5 < scored.last_word_logprob <= 0.0
+    assert unscored.last_word_logprob is None
+    (silent,) = sure.transcribe_batch([AsrInput(np.zeros(RATE, np.float32), "en")])
+    assert not any(c.isalnum() for c in silent.text)  # "" or "."
+    assert silent.last_word_logprob is None

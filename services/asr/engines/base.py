@@ -29,6 +29,9 @@ class Transcript:
     language: str | None = None
     duration_s: float = 0.0
     segments: list[dict[str, float | str]] = field(default_factory=list)
+    last_word_logprob: float | None = None
+    """The engine's log-probability of the last word it wrote (None: it does not say, or
+    no words). Near 0: sure; a misheard last word scores low (docs/turn-taking.md)."""
 
 
 class Interrupted(Exception):

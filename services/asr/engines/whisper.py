@@ -16,6 +16,8 @@ prompts of a batch have the same length whatever the languages and one
 Whisper detects for it; a language the model does not know is detected too.
 Each item's output is capped by its own duration, so a batched result equals
 the result of transcribing the item alone (exactly so with greedy decoding).
+With `last_word_confidence`, generate also returns each step's logits, and each result
+carries the log-probability of its last word (the sum over its tokens).
 
 On a GPU: `gpu` (physical) or `device_index` (visible) picks the device without
 ever asking for `cuda:1` in a process that sees one GPU (services/common/devices.py);
@@ -101,6 +103,10 @@ def _cuda_device_count() -> int:
     except ImportError:
         return 0
     return int(ctranslate2.get_cuda_device_count())
+
+
+_Decoded = tuple[str, str, float | None]
+"""One item's text, language and last word's log-probability."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,19 +212,22 @@ class FasterWhisperEngine:
         if batch:
             with self._lock:
                 decoded = self._run(batch, stop)
-            for utterance, (text, language) in zip(batch, decoded, strict=True):
+            for utterance, (text, language, sure) in zip(batch, decoded, strict=True):
                 results[utterance.index] = Transcript(
-                    text=text, language=language, duration_s=utterance.duration_s
+                    text=text,
+                    language=language,
+                    duration_s=utterance.duration_s,
+                    last_word_logprob=sure,
                 )
         return results
 
-    def _run(self, batch: list[_Utterance], stop: threading.Event | None) -> list[tuple[str, str]]:
+    def _run(self, batch: list[_Utterance], stop: threading.Event | None) -> list[_Decoded]:
         """One encode and one generate per encoder window among the batch's items (on a
         GPU with the 30 s window: one for the whole batch)."""
         groups: dict[int, list[int]] = {}
         for i, utterance in enumerate(batch):
             groups.setdefault(self._window_frames(utterance.features.shape[1]), []).append(i)
-        results: list[tuple[str, str]] = [("", "")] * len(batch)
+        results: list[_Decoded] = [("", "", None)] * len(batch)
         for frames, members in sorted(groups.items()):
             decoded = self._run_window([batch[i] for i in members], frames, stop)
             for i, result in zip(members, decoded, strict=True):
@@ -227,7 +236,7 @@ class FasterWhisperEngine:
 
     def _run_window(
         self, batch: list[_Utterance], frames: int, stop: threading.Event | None
-    ) -> list[tuple[str, str]]:
+    ) -> list[_Decoded]:
         import ctranslate2
 
         model = self._whisper.model
@@ -247,23 +256,37 @@ class FasterWhisperEngine:
             # item is cut to its own limit below, so batching never changes a result.
             max_length=min(2 * MAX_NEW_TOKENS, 2 * max(limits)),
             return_scores=True,
+            return_logits_vocab=self.settings.last_word_confidence,
             return_no_speech_prob=True,
             suppress_blank=True,
             suppress_tokens=self._suppress,
             sampling_topk=1,
         )
         return [
-            (self._text(result, limit), language)
+            self._decoded(result, limit, language)
             for result, limit, language in zip(results, limits, languages, strict=True)
         ]
 
-    def _text(self, result: Any, limit: int) -> str:
+    def _decoded(self, result: Any, limit: int, language: str) -> _Decoded:
         tokens = [int(t) for t in result.sequences_ids[0][:limit]]
         if tokens:
             avg_logprob = float(result.scores[0]) * len(tokens) / (len(tokens) + 1)
             if float(result.no_speech_prob) > NO_SPEECH_PROB and avg_logprob < LOW_AVG_LOGPROB:
-                return ""
-        return str(self._decoder.decode(tokens)).strip()
+                return "", language, None
+        text = str(self._decoder.decode(tokens)).strip()
+        logits = result.logits[0] if self.settings.last_word_confidence else []
+        return text, language, self._last_word_logprob(tokens, logits)
+
+    def _last_word_logprob(self, tokens: list[int], logits: Sequence[Any]) -> float | None:
+        """The log-probability of the last word among `tokens` (the sum over its tokens),
+        from the logits of the steps that chose them; None without words or logits."""
+        if not tokens or len(logits) < len(tokens):
+            return None
+        pieces = [str(self._decoder.decode([token])) for token in tokens]
+        span = last_word(pieces)
+        if span is None:
+            return None
+        return sum(token_logprob(logits[step], tokens[step]) for step in range(*span))
 
     def _languages(self, encoded: Any, hints: list[str | None]) -> list[str]:
         """Each item's language: its hint when the model knows it, else Whisper's guess."""
@@ -374,6 +397,31 @@ class FasterWhisperEngine:
                 f"(CUDA_VISIBLE_DEVICES={visible}); indices count from 0 among the visible "
                 "GPUs: set VA_ASR__WHISPER__DEVICE_INDEX accordingly"
             )
+
+
+def last_word(pieces: list[str]) -> tuple[int, int] | None:
+    """[start, end) of the tokens of the last word among tokens decoded one by one: from
+    the last token with a letter or digit back to the one that starts the word (a leading
+    space, or the first token); None when no token has one."""
+    spoken = [i for i, piece in enumerate(pieces) if any(c.isalnum() for c in piece)]
+    if not spoken:
+        return None
+    end = spoken[-1] + 1
+    start = end - 1
+    while start > 0 and not pieces[start].startswith(" "):
+        start -= 1
+    return start, end
+
+
+def token_logprob(step_logits: Any, token: int) -> float:
+    """log softmax(step_logits)[token]: one step's vocabulary logits (a StorageView)."""
+    if getattr(step_logits, "device", "cpu") != "cpu":
+        import ctranslate2
+
+        step_logits = step_logits.to_device(ctranslate2.Device.cpu)
+    row = np.asarray(step_logits, dtype=np.float64).reshape(-1)
+    top = float(row.max())
+    return float(row[token] - top - math.log(float(np.exp(row - top).sum())))
 
 
 def _unless_stopped(stop: threading.Event | None) -> None:
