@@ -9,7 +9,7 @@ it."). This measures whether the ASR's own confidence in that word tells them ap
 utterance's first part (the whole sentence, or the fragment) with 200 ms of pre-roll and
 100 ms of trailing silence, as the gateway sends it, decoded greedily as the lite profile
 does, with the engine's log-probability of the last word (the sum over its tokens:
-`last_word_confidence`). smart-turn holds a turn whose last word scores below
+`VA_ASR__WHISPER__LAST_WORD_CONFIDENCE`), as smart-turn reads it with
 `VA_GATEWAY__END_OF_TURN_LAST_WORD_LOGPROB` (docs/turn-taking.md).
 """
 
@@ -63,7 +63,10 @@ def spread(values: list[float]) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
-        "--threshold", type=float, default=-0.5, help="a sure last word: at or above"
+        "--threshold",
+        type=float,
+        default=-0.6,
+        help="a sure last word: at or above",
     )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()

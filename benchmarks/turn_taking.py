@@ -72,9 +72,10 @@ CONFIGS: dict[str, dict[str, str]] = {
     "silence 600 ms": {"VA_GATEWAY__END_OF_TURN": "silence"},
     "heuristic": {"VA_GATEWAY__END_OF_TURN": "heuristic"},
     "smart-turn": {"VA_GATEWAY__END_OF_TURN": "smart-turn"},
-    "smart-turn, last-word check off": {
+    "smart-turn, last word doubted below -0.6": {
         "VA_GATEWAY__END_OF_TURN": "smart-turn",
-        "VA_GATEWAY__END_OF_TURN_LAST_WORD_LOGPROB": "-100",
+        "VA_ASR__WHISPER__LAST_WORD_CONFIDENCE": "true",
+        "VA_GATEWAY__END_OF_TURN_LAST_WORD_LOGPROB": "-0.6",
     },
     "smart-turn, first asked at 200 ms, rechecks every 300 ms": {
         "VA_GATEWAY__END_OF_TURN": "smart-turn",
@@ -87,9 +88,9 @@ CONFIGS: dict[str, dict[str, str]] = {
     },
 }
 """Each against the defaults (pause 100 ms, trailing pad 100 ms, smart-turn first asked
-at the pause and again every 200 ms, unsure 1 s, last word doubted below -0.6, Piper 2
-threads with a 4-word first piece); `before` is how the stack ran before this benchmark
-drove those changes."""
+at the pause and again every 200 ms, unsure 1 s, no last-word check, Piper 2 threads
+with a 4-word first piece); `before` is how the stack ran before this benchmark drove
+those changes."""
 
 
 ESPEAK: dict[str, Voice] = {

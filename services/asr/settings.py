@@ -42,10 +42,10 @@ class WhisperSettings(BaseModel):
     dual-gpu profile keeps 30 s, the window Whisper was trained on."""
     beam_size: int = Field(default=1, ge=1, le=10)
     """Beam size; 1 is greedy, the low-latency default."""
-    last_word_confidence: bool = True
-    """Give each transcript Whisper's log-probability of its last word: the gateway's
-    smart-turn does not end a turn on a last word Whisper is unsure of. Costs nothing
-    measurable on CPU (CTranslate2 returns each step's logits; one row is read)."""
+    last_word_confidence: bool = False
+    """Give each transcript Whisper's log-probability of its last word, for the gateway's
+    `VA_GATEWAY__END_OF_TURN_LAST_WORD_LOGPROB`. CTranslate2 then keeps every step's
+    logits: nothing measurable on CPU; on a GPU, not measured yet."""
     language: str | None = Field(default=None, min_length=2, max_length=8)
     """Language assumed when a request names none (skips detection); unset: detect it."""
     warmup: bool = True

@@ -49,12 +49,12 @@ class GatewaySection(BaseModel):
     """`smart-turn`: silence that ends a turn the model calls incomplete when its transcript
     does not end mid-thought (the model alone misses some finished sentences). A
     transcript that ends mid-thought waits for `end_of_turn_fallback_ms`."""
-    end_of_turn_last_word_logprob: float = Field(default=-0.6, ge=-100.0, le=0.0)
+    end_of_turn_last_word_logprob: float | None = Field(default=None, ge=-100.0, le=0.0)
     """`smart-turn`: a transcript whose last word the ASR scores below this log-probability
-    ends the turn only at `end_of_turn_unsure_ms`, whatever the model says: tiny.en
-    mishears a fragment's last word into one that ends a sentence ("...a recipe for a" →
-    "...a recipe for it.", -0.81), while whole sentences score -0.47 or above on the
-    turn-taking set. -100 turns the check off; ASR engines that give no score skip it."""
+    ends the turn only at `end_of_turn_unsure_ms`, whatever the model says (tiny.en
+    mishears some fragments' last word into one that ends a sentence: "...a recipe for a"
+    → "...a recipe for it.", -0.81). Needs `VA_ASR__WHISPER__LAST_WORD_CONFIDENCE=true`.
+    Unset: off (it did not lower the cut-offs end to end: docs/turn-taking.md)."""
     end_of_turn_first_ask_ms: int = Field(default=100, ge=0, le=10_000)
     """`smart-turn`: silence before the model is first asked; at or below `VA_VAD__PAUSE_MS`
     it is asked at the pause itself, beside the speculative transcript (it answers before

@@ -58,9 +58,11 @@ class Heard:
     last_word_logprob: float | None = None
     """Log-probability of the last word (None: the ASR does not say)."""
 
-    def sure_of_last_word(self, threshold: float) -> bool:
-        """Whether the last word scores at least `threshold` (true when unknown)."""
-        return self.last_word_logprob is None or self.last_word_logprob >= threshold
+    def sure_of_last_word(self, threshold: float | None) -> bool:
+        """Whether the last word scores at least `threshold` (true when either is unknown)."""
+        if threshold is None or self.last_word_logprob is None:
+            return True
+        return self.last_word_logprob >= threshold
 
 
 Transcript = asyncio.Future[Heard | None]

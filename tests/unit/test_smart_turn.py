@@ -190,7 +190,9 @@ async def test_model_and_words_disagreeing_end_the_turn_at_the_unsure_silence() 
 async def test_a_last_word_the_asr_doubts_waits_for_the_unsure_silence() -> None:
     """tiny.en hears "I need a recipe for a" as "I need a recipe for it." (last word -0.81):
     however sure the model is, the turn ends only at the unsure wait."""
-    policy = SmartTurn(GatewaySection(end_of_turn_unsure_ms=900))
+    policy = SmartTurn(
+        GatewaySection(end_of_turn_unsure_ms=900, end_of_turn_last_word_logprob=-0.6)
+    )
     model = CountingProbability(0.95)
     policy.batcher = model  # type: ignore[assignment]
     clip = np.zeros(16000, np.float32)
@@ -210,8 +212,8 @@ async def test_a_last_word_the_asr_doubts_waits_for_the_unsure_silence() -> None
     await model.was_asked.wait()
     late.set_result(Heard(misheard, -0.81))
     assert not await asking
-    # the check can be turned off
-    trusting = SmartTurn(GatewaySection(end_of_turn_last_word_logprob=-100.0))
+    # the check is off unless set
+    trusting = SmartTurn(GatewaySection())
     trusting.batcher = model  # type: ignore[assignment]
     assert await trusting.turn_complete(clip, heard(misheard, -0.81), 100)
 
