@@ -46,6 +46,17 @@ class Received:
         return (self.first_audio_at - self.last_speech_sent_at) * 1000
 
 
+SILENT = 0.01
+"""Below this magnitude a sample counts as silence (-40 dBFS)."""
+
+
+def trailing_silence_s(audio: AudioF32, rate: int) -> float:
+    """How long `audio` is silent at its end: what a recording holds after the speech."""
+    loud = np.flatnonzero(np.abs(audio) > SILENT)
+    end = int(loud[-1]) + 1 if loud.size else 0
+    return (audio.size - end) / rate
+
+
 def read_wav(path: Path) -> tuple[AudioF32, int]:
     """A mono PCM16 wav file as float samples and its rate."""
     with wave.open(str(path), "rb") as wav:
@@ -284,6 +295,13 @@ async def talk(
             write_wav(out, bytes(received.audio), client.output_rate)
             print(f"saved {len(received.audio) // 2} samples of agent audio to {out}", flush=True)
         if received.voice_to_voice_ms is not None:
-            print(f"voice-to-voice: {received.voice_to_voice_ms:.0f} ms", flush=True)
+            # from the end of the speech, not of the file: its trailing silence was sent
+            # (a microphone would have sent it too) while the agent was already deciding
+            quiet_ms = trailing_silence_s(audio, rate) * 1000
+            print(
+                f"voice-to-voice: {received.voice_to_voice_ms + quiet_ms:.0f} ms "
+                f"(from the end of the speech; the file ends with {quiet_ms:.0f} ms of silence)",
+                flush=True,
+            )
         await client.send({"type": "session.close"})
         return received

@@ -187,7 +187,9 @@ def test_one_spoken_turn_then_a_clean_stop(
 ) -> None:
     question, reply = tmp_path / "question.wav", tmp_path / "reply.wav"
     silence = np.zeros(4800, np.float32)
-    write_wav(question, to_pcm16(np.concatenate([silence, speak(QUESTION, 16000), silence])), 16000)
+    # a recording that goes on well past the speech: the agent answers before it ends
+    tail = np.zeros(24_000, np.float32)
+    write_wav(question, to_pcm16(np.concatenate([silence, speak(QUESTION, 16000), tail])), 16000)
     gateway = newcomer.urls["gateway"].replace("http://", "ws://") + "/v1/stream"
     talked = newcomer.voice_agent(
         "client", "--wav", str(question), "--out", str(reply), "--url", gateway, timeout=90
@@ -199,6 +201,12 @@ def test_one_spoken_turn_then_a_clean_stop(
     assert [e["status"] for e in events if e["type"] == "response.done"] == ["completed"]
     with wave.open(str(reply)) as saved:
         assert saved.getnframes() / saved.getframerate() > 0.5  # agent audio came back
+    # counted from the end of the speech, so the file's 1.5 s of silence cannot make it
+    # negative
+    (v2v,) = re.findall(
+        r"^voice-to-voice: (-?\d+) ms \(from the end of the speech", talked.stdout, re.M
+    )
+    assert 0 < int(v2v) < 10_000, talked.stdout[-500:]
 
     running.send_signal(signal.SIGINT)  # Ctrl-C, as a user stops `make run`
     assert running.wait(timeout=STOP_TIMEOUT_S) == 0, (newcomer.root / "up.log").read_text()
