@@ -43,6 +43,7 @@ from benchmarks.report import summary, write
 from benchmarks.stack import lite_stack
 from benchmarks.voices import RATE, Audio, Voice, espeak, piper
 from services.client.stream import Received, StreamClient
+from services.common.audio import speech_end
 from services.loadtest.stats import words
 
 # (sentence, the word the continuation starts with: the cut falls just before it)
@@ -112,18 +113,6 @@ class Utterance:
     fragment_text: str
     cut_heard: tuple[str, str] | None = None  # what the ASR hears on each side of the cut
 
-    @property
-    def trailing_silence_s(self) -> float:
-        """Silence at the end of the last part sent (a Piper clip ends with ~150 ms)."""
-        last = self.rest if self.rest is not None else self.first
-        return (last.size - _speech_end(last)) / RATE
-
-
-def _speech_end(audio: Audio, floor: float = 0.01) -> int:
-    """The sample after the last one louder than `floor`."""
-    loud = np.flatnonzero(np.abs(audio) > floor)
-    return int(loud[-1]) + 1 if loud.size else 0
-
 
 FILLERS = frozenset({"um", "uh", "er", "erm", "hmm"})
 """Whisper leaves these out of transcripts: a cut's transcript is compared without them."""
@@ -156,7 +145,7 @@ def cut_point(
     than a stop inside the next one). A cut one word early or late would mislabel the
     utterance ("...remind me to call" or "...weather like" can be whole sentences), and
     a cut inside the next word leaves its onset in the fragment ("...play some re-")."""
-    estimate = _speech_end(fragment)
+    estimate = speech_end(fragment)
     points = _quiet_points(audio, estimate)
     heard = transcribe([audio[:point] for point in points] + [audio[point:] for point in points])
     before, after = heard[: len(points)], heard[len(points) :]
@@ -232,8 +221,7 @@ async def hear(url: str, utterances: list[Utterance], gap_ms: int) -> list[dict[
             await client.speak(utterance.first, RATE)
             if utterance.rest is not None:
                 await client.speak(utterance.rest, RATE, lead_silence_ms=gap_ms)
-            # the end of the voice: the last frame left, less the clip's own trailing silence
-            end = (turn.last_speech_sent_at or 0.0) - utterance.trailing_silence_s
+            end = turn.last_speech_sent_at or 0.0  # the end of the voice, not of the clip
             answer = await _answer_then_cancel(client, turn, end, audio_at)
             rows.append(_row(utterance, turn, end, answer, audio_at))
             await client.silence(0.6)

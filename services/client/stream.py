@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import websockets
 
-from services.common.audio import AudioF32, float_to_pcm16, pcm16_to_float, resample
+from services.common.audio import AudioF32, float_to_pcm16, pcm16_to_float, resample, speech_end
 from services.common.settings import ALLOWED_SAMPLE_RATES
 
 
@@ -40,21 +40,10 @@ class Received:
 
     @property
     def voice_to_voice_ms(self) -> float | None:
-        """Last speech frame sent → first agent audio frame received."""
+        """End of the speech sent → first agent audio frame received."""
         if self.first_audio_at is None or self.last_speech_sent_at is None:
             return None
         return (self.first_audio_at - self.last_speech_sent_at) * 1000
-
-
-SILENT = 0.01
-"""Below this magnitude a sample counts as silence (-40 dBFS)."""
-
-
-def trailing_silence_s(audio: AudioF32, rate: int) -> float:
-    """How long `audio` is silent at its end: what a recording holds after the speech."""
-    loud = np.flatnonzero(np.abs(audio) > SILENT)
-    end = int(loud[-1]) + 1 if loud.size else 0
-    return (audio.size - end) / rate
 
 
 def read_wav(path: Path) -> tuple[AudioF32, int]:
@@ -156,7 +145,9 @@ class StreamClient:
         """Stream audio at real-time pace (resampled to the session's input rate).
 
         A live microphone hears a little silence before speech: `lead_silence_ms` of it
-        is sent first. `last_speech_sent_at` is when the last frame of `audio` left.
+        is sent first. `last_speech_sent_at` is when, at that pace, the speech in `audio`
+        ended: the silence a clip or a recording ends with is sent too (a microphone would
+        send it), but the agent may answer during it.
         """
         received = self._received
         input_rate = rate if rate in ALLOWED_SAMPLE_RATES else 16000
@@ -172,7 +163,8 @@ class StreamClient:
         step = input_rate * frame_ms // 1000
         frames = (float_to_pcm16(audio[i : i + step]) for i in range(0, audio.size, step))
         await self._paced(frames, frame_ms)
-        received.last_speech_sent_at = time.monotonic()
+        quiet_s = (audio.size - speech_end(audio)) / input_rate
+        received.last_speech_sent_at = time.monotonic() - quiet_s
         return received
 
     async def _paced(
@@ -295,12 +287,8 @@ async def talk(
             write_wav(out, bytes(received.audio), client.output_rate)
             print(f"saved {len(received.audio) // 2} samples of agent audio to {out}", flush=True)
         if received.voice_to_voice_ms is not None:
-            # from the end of the speech, not of the file: its trailing silence was sent
-            # (a microphone would have sent it too) while the agent was already deciding
-            quiet_ms = trailing_silence_s(audio, rate) * 1000
             print(
-                f"voice-to-voice: {received.voice_to_voice_ms + quiet_ms:.0f} ms "
-                f"(from the end of the speech; the file ends with {quiet_ms:.0f} ms of silence)",
+                f"voice-to-voice: {received.voice_to_voice_ms:.0f} ms (from the end of the speech)",
                 flush=True,
             )
         await client.send({"type": "session.close"})

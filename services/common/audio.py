@@ -19,6 +19,8 @@ from services.common.settings import ALLOWED_SAMPLE_RATES
 AudioF32 = npt.NDArray[np.float32]
 
 _INT16_SCALE: Final = 32768.0
+SILENT: Final = 0.01
+"""Below this magnitude (-40 dBFS) a sample counts as silence."""
 
 
 def check_sample_rate(rate: int) -> int:
@@ -43,6 +45,13 @@ def float_to_pcm16(audio: AudioF32) -> bytes:
     scaled = np.clip(audio, -1.0, 32767.0 / _INT16_SCALE) * _INT16_SCALE
     data: bytes = np.rint(scaled).astype("<i2").tobytes()
     return data
+
+
+def speech_end(audio: AudioF32) -> int:
+    """The sample after the last one louder than silence (0 when there is none): where a
+    clip's sound ends and its trailing silence begins."""
+    loud = np.flatnonzero(np.abs(audio) > SILENT)
+    return int(loud[-1]) + 1 if loud.size else 0
 
 
 def resample(audio: AudioF32, src_rate: int, dst_rate: int) -> AudioF32:

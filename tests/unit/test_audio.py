@@ -89,3 +89,17 @@ def test_undecodable_uploads_are_invalid_audio(data: bytes) -> None:
 def test_ms_sample_conversions() -> None:
     assert audio.ms_to_samples(20, 16000) == 320
     assert audio.samples_to_ms(24000, 24000) == 1000
+
+
+def test_speech_ends_after_the_last_loud_sample() -> None:
+    """What the stream client's voice-to-voice counts from, and where Piper trims a tail."""
+
+    def trailing_silence_s(samples: np.ndarray, rate: int) -> float:
+        return (samples.size - audio.speech_end(samples)) / rate
+
+    speech = np.full(8000, 0.2, np.float32)
+    hiss = np.full(4000, 0.005, np.float32)  # -46 dBFS: quiet enough to be silence
+    clip = np.concatenate([np.zeros(1600, np.float32), speech, hiss, np.zeros(12_000, np.float32)])
+    assert trailing_silence_s(clip, 16000) == pytest.approx(1.0)
+    assert trailing_silence_s(speech, 16000) == 0.0
+    assert trailing_silence_s(np.zeros(3200, np.float32), 16000) == pytest.approx(0.2)

@@ -25,7 +25,7 @@ from typing import Any, Final, Literal
 
 import numpy as np
 
-from services.common.audio import resample
+from services.common.audio import resample, speech_end
 from services.common.errors import EngineUnavailable, UnknownVoice
 from services.common.packaged import PackagedModel
 from services.tts.engines.base import AudioF32, LibraryVoice, SpeechRequest
@@ -48,8 +48,6 @@ JOE: Final = PackagedModel(
 )
 PACKAGED: Final = {JOE.name: (JOE, "en_US-joe-medium.onnx")}
 VOICE_NAME: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-SILENT: Final = 0.01
-"""Below this magnitude a sample counts as silence when trimming a clause's tail."""
 Boundary = Literal["sentence", "clause", "phrase"]
 """Where a piece ends: its trailing silence is kept, cut to `clause_pause_ms`, or to
 `phrase_pause_ms`."""
@@ -124,10 +122,8 @@ def _merged(clauses: Any, min_words: int = MIN_PIECE_WORDS) -> list[str]:
 
 def trim_tail(audio: AudioF32, keep_samples: int) -> AudioF32:
     """`audio` with its trailing silence cut to `keep_samples`."""
-    loud = np.flatnonzero(np.abs(audio) > SILENT)
-    if loud.size == 0:
-        return audio[:0]
-    return audio[: min(audio.size, int(loud[-1]) + 1 + keep_samples)]
+    end = speech_end(audio)
+    return audio[: min(audio.size, end + keep_samples)] if end else audio[:0]
 
 
 class PiperEngine:
