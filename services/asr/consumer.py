@@ -47,6 +47,7 @@ class AsrJobHandler:
             transcript.language,
             (time.perf_counter() - started) * 1000,
             transcript.last_word_logprob,
+            transcript.avg_logprob,
         )
         # the job's only result: on a replica (wait_replicas) before it is marked done
         durable = job.mode == "final"

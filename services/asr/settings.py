@@ -42,10 +42,11 @@ class WhisperSettings(BaseModel):
     dual-gpu profile keeps 30 s, the window Whisper was trained on."""
     beam_size: int = Field(default=1, ge=1, le=10)
     """Beam size; 1 is greedy, the low-latency default."""
-    last_word_confidence: bool = False
+    last_word_confidence: bool = True
     """Give each transcript Whisper's log-probability of its last word, for the gateway's
     `VA_GATEWAY__END_OF_TURN_LAST_WORD_LOGPROB`. CTranslate2 then keeps every step's
-    logits: nothing measurable on CPU; on a GPU, not measured yet."""
+    logits (batch × steps × 51 864 floats): nothing measurable on CPU; on a GPU, not
+    measured yet (turn it off there if memory is tight)."""
     language: str | None = Field(default=None, min_length=2, max_length=8)
     """Language assumed when a request names none (skips detection); unset: detect it."""
     warmup: bool = True

@@ -44,6 +44,7 @@ class AsrJob(BusMessage):
         language: str | None = None,
         latency_ms: float = 0.0,
         last_word_logprob: float | None = None,
+        avg_logprob: float | None = None,
     ) -> AsrResult:
         """This job's transcript, addressed back to its session and utterance."""
         return AsrResult(
@@ -55,6 +56,7 @@ class AsrJob(BusMessage):
             language=language,
             latency_ms=latency_ms,
             last_word_logprob=last_word_logprob,
+            avg_logprob=avg_logprob,
         )
 
     def failed(self, code: str, message: str) -> JobFailed:
@@ -132,6 +134,8 @@ class AsrResult(BusMessage):
     latency_ms: float = 0.0
     last_word_logprob: float | None = None
     """The ASR's log-probability of the text's last word (None: the engine does not say)."""
+    avg_logprob: float | None = None
+    """The ASR's mean log-probability of the text's tokens (None: the engine does not say)."""
 
 
 class TtsChunk(BusMessage):

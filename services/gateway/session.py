@@ -108,6 +108,8 @@ class _Speculation:
     """Its text once it comes; None if it is dropped or fails first."""
     result: AsrResult | None = None
     """Its transcript, when it came before the turn ended."""
+    before: str | None = None
+    """The transcript at the utterance's previous pause, when it came in time."""
 
 
 @dataclass
@@ -341,10 +343,13 @@ class Session:
         if utterance_id is None:
             return
         if self.settings.speculative_asr:
+            earlier = self._speculation
             self._drop_speculation("wasted")  # the user went on after an earlier pause
             job = self._asr_job(utterance_id, new_id("asrs"))
             heard = asyncio.get_running_loop().create_future()
             self._speculation = _Speculation(utterance_id, pause.end_ms, job.job_id, heard)
+            if earlier is not None and earlier.utterance_id == utterance_id and earlier.result:
+                self._speculation.before = earlier.result.text
             await self.bus.submit_asr(job, float_to_pcm16(pause.audio))
         if self.end_of_turn.decides_at_pause:
             self._pause = _Pause(utterance_id, pause.end_ms)
@@ -479,8 +484,15 @@ class Session:
         match result:
             case AsrResult(mode="final") if self._is_speculation(result.job_id):
                 assert self._speculation is not None
-                self._speculation.result = result  # kept until the turn ends, or dropped
-                _settle(self._speculation.heard, Heard(result.text, result.last_word_logprob))
+                speculation = self._speculation
+                speculation.result = result  # kept until the turn ends, or dropped
+                heard = Heard(
+                    result.text,
+                    last_word_logprob=result.last_word_logprob,
+                    before=speculation.before,
+                    avg_logprob=result.avg_logprob,
+                )
+                _settle(speculation.heard, heard)
             case AsrResult(mode="final"):
                 await self._on_transcript(result)
             case AsrResult():

@@ -44,17 +44,26 @@ class GatewaySection(BaseModel):
     end_of_turn_hold_ms: int = Field(default=700, ge=0, le=10_000)
     """How long the `heuristic` policy waits for the user to go on."""
     end_of_turn_fallback_ms: int = Field(default=2000, ge=100, le=10_000)
-    """`smart-turn`: silence that ends the turn even when the model says it is not over."""
-    end_of_turn_unsure_ms: int = Field(default=1000, ge=0, le=10_000)
+    """`smart-turn`: silence that ends the turn even when the model says it is not over,
+    and the wait of a turn whose transcript ends mid-thought, adds no words since the
+    previous pause, or is doubted by the ASR."""
+    end_of_turn_unsure_ms: int = Field(default=500, ge=0, le=10_000)
     """`smart-turn`: silence that ends a turn the model calls incomplete when its transcript
-    does not end mid-thought (the model alone misses some finished sentences). A
-    transcript that ends mid-thought waits for `end_of_turn_fallback_ms`."""
-    end_of_turn_last_word_logprob: float | None = Field(default=None, ge=-100.0, le=0.0)
+    looks finished and the ASR is sure of it (the model alone misses some finished
+    sentences: "So, uh, I was wondering if you could help me with my order." → 0.01).
+    Decided at the asks (the pause, then every `end_of_turn_recheck_ms`): keep it on that
+    grid (100 ms + k × 200 ms by default)."""
+    end_of_turn_transcript_logprob: float | None = Field(default=-0.5, ge=-100.0, le=0.0)
+    """`smart-turn`: a transcript the ASR scores below this mean token log-probability
+    (Whisper's avg_logprob) is doubted: the turn waits for `end_of_turn_fallback_ms`,
+    whatever the model says (tiny.en mishears fragments into words that look finished:
+    "Please remind me to" → "Please remind me", −0.53 to −0.57; docs/turn-taking.md).
+    Unset: off."""
+    end_of_turn_last_word_logprob: float | None = Field(default=-0.6, ge=-100.0, le=0.0)
     """`smart-turn`: a transcript whose last word the ASR scores below this log-probability
-    ends the turn only at `end_of_turn_unsure_ms`, whatever the model says (tiny.en
-    mishears some fragments' last word into one that ends a sentence: "...a recipe for a"
-    → "...a recipe for it.", -0.81). Needs `VA_ASR__WHISPER__LAST_WORD_CONFIDENCE=true`.
-    Unset: off (it did not lower the cut-offs end to end: docs/turn-taking.md)."""
+    is doubted likewise ("...a recipe for a" → "...a recipe for it.", −0.96). Needs an
+    ASR that scores it (`VA_ASR__WHISPER__LAST_WORD_CONFIDENCE`, on by default).
+    Unset: off."""
     end_of_turn_first_ask_ms: int = Field(default=100, ge=0, le=10_000)
     """`smart-turn`: silence before the model is first asked; at or below `VA_VAD__PAUSE_MS`
     it is asked at the pause itself, beside the speculative transcript (it answers before

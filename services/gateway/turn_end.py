@@ -15,11 +15,16 @@ Two kinds of policy:
 `smart-turn` joins the audio model and the words of the transcript:
 - the transcript ends mid-thought ("...a table for", "...and", "um", "to...") → wait, up
   to `end_of_turn_fallback_ms` (the model alone called half such fragments complete);
-- otherwise the model says complete and the ASR is sure of the last word → end now;
+- the speech since the utterance's previous pause added no words (the same transcript
+  at both pauses, fillers aside): it was a filler or a word the ASR left out ("Can you
+  tell me, um," heard as "Can you tell me?" twice) → wait, likewise;
+- the ASR doubts the words (their mean log-probability is below
+  `end_of_turn_transcript_logprob`, or, opt-in, the last word's is below
+  `end_of_turn_last_word_logprob`): tiny.en mishears fragments into words that look
+  finished ("Please remind me to" → "Please remind me") → wait, likewise;
+- otherwise the model says complete → end now;
 - the model hears more to come but the words do not ("So I was wondering if you could
-  help me with my order.", p = 0.02), or the ASR doubts the last word (a fragment's
-  last word misheard as one that ends a sentence: "...a recipe for a" heard as "...a
-  recipe for it.") → end at `end_of_turn_unsure_ms` of silence.
+  help me with my order.", p = 0.02) → end at `end_of_turn_unsure_ms` of silence.
 Measured on labelled speech in benchmarks/turn_taking.py. Waiting for the transcript
 costs nothing on the way to the answer, which needs it anyway.
 
@@ -57,12 +62,27 @@ class Heard:
     text: str
     last_word_logprob: float | None = None
     """Log-probability of the last word (None: the ASR does not say)."""
+    before: str | None = None
+    """The transcript of the same utterance at its previous pause (None: none known)."""
+    avg_logprob: float | None = None
+    """Mean log-probability of the text's tokens (None: the ASR does not say)."""
 
-    def sure_of_last_word(self, threshold: float | None) -> bool:
-        """Whether the last word scores at least `threshold` (true when either is unknown)."""
-        if threshold is None or self.last_word_logprob is None:
-            return True
-        return self.last_word_logprob >= threshold
+    def added_no_words(self) -> bool:
+        """Whether the speech since the previous pause added no words, fillers aside: it was
+        a filler or a word the ASR left out ("Can you tell me, um," heard as "Can you tell
+        me?" at both pauses; "...at seven, and" as "...at 7." twice)."""
+        if self.before is None:
+            return False
+        return spoken_words(self.text) == spoken_words(self.before)
+
+    def doubted(self, mean: float | None, last_word: float | None) -> bool:
+        """Whether the ASR scores the text below `mean` (its tokens' mean log-probability)
+        or its last word below `last_word`; a threshold or score that is None is no doubt."""
+        return _below(self.avg_logprob, mean) or _below(self.last_word_logprob, last_word)
+
+
+def _below(score: float | None, threshold: float | None) -> bool:
+    return score is not None and threshold is not None and score < threshold
 
 
 Transcript = asyncio.Future[Heard | None]
@@ -145,6 +165,15 @@ class TrailingWordHeuristic(SilenceOnly):
         return self.hold if ends_mid_thought(transcript) else 0
 
 
+FILLERS = frozenset(_WORD.findall("um uh er erm hmm mm ah"))
+"""Hesitations, which the ASR writes one time and leaves out the next."""
+
+
+def spoken_words(text: str) -> list[str]:
+    """A transcript's words, lowercased, without punctuation or fillers."""
+    return [word for word in _WORD.findall(text.lower()) if word not in FILLERS]
+
+
 def ends_mid_thought(text: str | None) -> bool:
     """Whether a transcript ends in a word a finished sentence rarely ends with, or trails
     off ("Please remind me to...", "in-", "um,"); no transcript (None) does not."""
@@ -164,6 +193,7 @@ class SmartTurn(SilenceOnly):
         self.threshold = settings.smart_turn_threshold
         self.threads = settings.smart_turn_threads
         self.unsure_ms = settings.end_of_turn_unsure_ms
+        self.transcript_logprob = settings.end_of_turn_transcript_logprob
         self.last_word_logprob = settings.end_of_turn_last_word_logprob
         self.batcher: SmartTurnBatcher | None = None
 
@@ -195,15 +225,19 @@ class SmartTurn(SilenceOnly):
 
     def _by_words(self, heard: Heard | None, silence_ms: int) -> bool | None:
         """The decision the transcript alone makes, whatever the model says (None: the
-        model decides): words that end mid-thought wait for the fallback; a last word the
-        ASR doubts waits for the unsure wait."""
+        model decides): words that end mid-thought, speech since the previous pause that
+        added no words, and words the ASR doubts wait for the fallback."""
         if heard is None:
             return None
         if ends_mid_thought(heard.text):
             metrics.TURN_MODEL.labels("incomplete_words").inc()
             return False
-        if not heard.sure_of_last_word(self.last_word_logprob):
-            return self._unsure(silence_ms, "unsure_word")
+        if heard.added_no_words():
+            metrics.TURN_MODEL.labels("no_new_words").inc()
+            return False
+        if heard.doubted(self.transcript_logprob, self.last_word_logprob):
+            metrics.TURN_MODEL.labels("doubted_words").inc()
+            return False
         return None
 
     def _unsure(self, silence_ms: int, reason: str) -> bool:

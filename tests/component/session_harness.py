@@ -125,6 +125,8 @@ class FakeBus:
     asr_delay_s: float = 0.2
     last_word_logprob: float | None = None
     """What every final says of its last word (None: the engine does not say)."""
+    avg_logprob: float | None = None
+    """What every final says of its words' mean log-probability (None: it does not say)."""
     tts_first_s: float = 0.05
     tts_chunk_s: float = 0.02
     """Between pieces: TTS runs faster than real time, as it must."""
@@ -151,8 +153,13 @@ class FakeBus:
             self.loop.call_later(self.asr_delay_s, self._asr_result, job, text)
 
     def _asr_result(self, job: AsrJob, text: str) -> None:
-        sure = self.last_word_logprob if job.mode == "final" else None
-        self.deliver(job.result(text, last_word_logprob=sure), None)
+        final = job.mode == "final"
+        result = job.result(
+            text,
+            last_word_logprob=self.last_word_logprob if final else None,
+            avg_logprob=self.avg_logprob if final else None,
+        )
+        self.deliver(result, None)
 
     async def submit_tts(self, job: TtsJob) -> None:
         self.tts_jobs.append((self.loop.time(), job))

@@ -133,15 +133,52 @@ async def test_a_complete_turn_ends_at_the_pause() -> None:
 
 
 @on_virtual_time
-async def test_the_policy_gets_the_speculative_words_and_the_asrs_doubt_of_the_last() -> None:
+async def test_the_policy_gets_the_speculative_words_and_the_asrs_scores() -> None:
     model = ScriptedTurnModel(False, True, delay_s=0.2)
-    options = {"transcripts": ["a recipe for it"], "last_word_logprob": -0.81}
+    options = {"transcripts": ["a recipe for it"], "last_word_logprob": -0.81, "avg_logprob": -0.4}
     async with running_session(end_of_turn=model, **options) as h:
         await h.say(silence(200), tone(1000), silence(800))
         await h.wait_for("response.done")
     first, second = model.transcripts
     assert first is second  # every ask of one pause shares the speculation's future
-    assert first.result() == Heard("a recipe for it", -0.81)
+    assert first.result() == Heard("a recipe for it", last_word_logprob=-0.81, avg_logprob=-0.4)
+
+
+@on_virtual_time
+async def test_the_policy_hears_what_the_utterances_previous_pause_heard() -> None:
+    model = ScriptedTurnModel()  # incomplete: only the fallback ends the turn
+    async with running_session(end_of_turn=model, transcripts=["can you tell me"]) as h:
+        await h.say(silence(200), tone(800), silence(500), tone(300), silence(600))
+    first, *_, last = (t.result() for t in model.transcripts)
+    assert first == Heard("can you tell me")  # the utterance's first pause
+    assert last == Heard("can you tell me", before="can you tell me")
+
+
+@on_virtual_time
+async def test_speech_that_added_no_words_holds_the_turn_until_the_fallback() -> None:
+    """A filler after a pause ("Can you tell me, um,"): the same words at both pauses, so
+    smart-turn waits for the fallback however sure its model is."""
+    settings = GatewaySection(end_of_turn_fallback_ms=1500)
+    policy = SmartTurn(settings)
+    policy.batcher = SureAfter(1.7)  # type: ignore[assignment]
+    async with running_session(settings, end_of_turn=policy, transcripts=["tell me"]) as h:
+        await h.say(silence(200), tone(800), silence(500))
+        assert h.of_type("speech.stopped") == []  # the model was unsure at the first pause
+        speech_end = await h.say(tone(300))
+        await h.say(silence(2000))
+        await h.wait_for("response.done")
+    stopped = h.time_of("speech.stopped")
+    assert stopped - speech_end == pytest.approx(1.5, abs=3 * WINDOW_S)
+
+
+class SureAfter:
+    """Stands in for Smart Turn's batcher: audio longer than `seconds` is complete."""
+
+    def __init__(self, seconds: float) -> None:
+        self.samples = seconds * 16000
+
+    async def probability(self, audio: AudioF32) -> float:
+        return 0.99 if audio.size > self.samples else 0.1
 
 
 @on_virtual_time

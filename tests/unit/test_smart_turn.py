@@ -14,7 +14,7 @@ import pytest
 
 from services.common.audio import resample
 from services.common.errors import EngineUnavailable
-from services.gateway import smart_turn
+from services.gateway import metrics, smart_turn
 from services.gateway.settings import GatewaySection
 from services.gateway.smart_turn import SMART_TURN, SmartTurnBatcher, SmartTurnModel, shared_model
 from services.gateway.turn_end import (
@@ -111,10 +111,12 @@ async def test_sessions_asking_together_share_one_model_call() -> None:
     assert calls == [5] and len(set(np.round(found, 5))) == 1
 
 
-def heard(text: str | None, last_word_logprob: float | None = None) -> Transcript:
+def heard(
+    text: str | None, last_word_logprob: float | None = None, before: str | None = None
+) -> Transcript:
     """A speculative transcript already in."""
     future: Transcript = asyncio.get_running_loop().create_future()
-    future.set_result(None if text is None else Heard(text, last_word_logprob))
+    future.set_result(None if text is None else Heard(text, last_word_logprob, before))
     return future
 
 
@@ -187,22 +189,26 @@ async def test_model_and_words_disagreeing_end_the_turn_at_the_unsure_silence() 
     assert not await policy.turn_complete(complete, heard("Where is the nearest..."), 1900)
 
 
-async def test_a_last_word_the_asr_doubts_waits_for_the_unsure_silence() -> None:
-    """tiny.en hears "I need a recipe for a" as "I need a recipe for it." (last word -0.81):
-    however sure the model is, the turn ends only at the unsure wait."""
-    policy = SmartTurn(
-        GatewaySection(end_of_turn_unsure_ms=900, end_of_turn_last_word_logprob=-0.6)
-    )
+async def test_words_the_asr_doubts_wait_for_the_fallback() -> None:
+    """tiny.en hears "Please remind me to" as "Please remind me" (mean -0.76) and "I need a
+    recipe for a" as "I need a recipe for it." (last word -0.96): however sure the model
+    is, such a turn waits for the fallback (the VAD's silence), and the model is not asked."""
+    policy = SmartTurn(GatewaySection(end_of_turn_unsure_ms=500))
+    assert (policy.transcript_logprob, policy.last_word_logprob) == (-0.5, -0.6)  # defaults
     model = CountingProbability(0.95)
     policy.batcher = model  # type: ignore[assignment]
     clip = np.zeros(16000, np.float32)
-    misheard = "I need a recipe for it."
-    assert not await policy.turn_complete(clip, heard(misheard, -0.81), 100)
-    assert not await policy.turn_complete(clip, heard(misheard, -0.81), 700)
+    dropped = Heard("Please remind me", avg_logprob=-0.76, last_word_logprob=-0.11)
+    misheard = Heard("I need a recipe for it.", avg_logprob=-0.42, last_word_logprob=-0.96)
+    doubted = metrics.TURN_MODEL.labels("doubted_words")._value.get()
+    for words in (dropped, misheard):
+        for silence_ms in (100, 500, 1900):
+            assert not await policy.turn_complete(clip, known(words), silence_ms)
     assert model.asked == 0  # known words decide alone: the model's answer changes nothing
-    assert await policy.turn_complete(clip, heard(misheard, -0.81), 900)
-    # a sure last word, or an ASR that gives no score: the model decides at once
-    assert await policy.turn_complete(clip, heard("Where is the nearest pharmacy?", -0.02), 100)
+    assert metrics.TURN_MODEL.labels("doubted_words")._value.get() == doubted + 6
+    # words the ASR is sure of, or scores it does not give: the model decides at once
+    sure = Heard("Where is the nearest pharmacy?", avg_logprob=-0.2, last_word_logprob=-0.02)
+    assert await policy.turn_complete(clip, known(sure), 100)
     assert await policy.turn_complete(clip, heard("Where is the nearest pharmacy?"), 100)
     assert model.asked == 2
     # a transcript that comes after the model answered is checked the same way
@@ -210,12 +216,60 @@ async def test_a_last_word_the_asr_doubts_waits_for_the_unsure_silence() -> None
     model.was_asked.clear()
     asking = asyncio.create_task(policy.turn_complete(clip, late, 100))
     await model.was_asked.wait()
-    late.set_result(Heard(misheard, -0.81))
+    late.set_result(dropped)
     assert not await asking
-    # the check is off unless set
-    trusting = SmartTurn(GatewaySection())
-    trusting.batcher = model  # type: ignore[assignment]
-    assert await trusting.turn_complete(clip, heard(misheard, -0.81), 100)
+    # each check is off when unset
+    no_mean = SmartTurn(GatewaySection(end_of_turn_transcript_logprob=None))
+    no_last = SmartTurn(GatewaySection(end_of_turn_last_word_logprob=None))
+    no_mean.batcher = no_last.batcher = model  # type: ignore[assignment]
+    assert await no_mean.turn_complete(clip, known(dropped), 100)  # only its mean is low
+    assert not await no_mean.turn_complete(clip, known(misheard), 100)
+    assert not await no_last.turn_complete(clip, known(dropped), 100)
+    assert await no_last.turn_complete(clip, known(misheard), 100)  # only its last word
+
+
+def known(words: Heard) -> Transcript:
+    future: Transcript = asyncio.get_running_loop().create_future()
+    future.set_result(words)
+    return future
+
+
+@pytest.mark.parametrize(
+    ("before", "text", "added_no_words"),
+    [
+        # what tiny.en made of "Can you tell me, um," at the comma, then after the "um"
+        ("Can you tell me?", "Can you tell me?", True),
+        ("Can you tell me?", "Can you tell me? Um...", True),  # fillers are not words
+        ("My flight leads at 7.", "my flight leads at 7", True),  # nor case or commas
+        ("Can you tell me?", "Can you tell me what time it is?", False),
+        ("So", "So, I was wondering if you could help me.", False),
+        (None, "Can you tell me?", False),  # the first pause: nothing to compare
+    ],
+)
+def test_speech_that_added_no_words_is_told_apart(
+    before: str | None, text: str, added_no_words: bool
+) -> None:
+    assert Heard(text, before=before).added_no_words() is added_no_words
+
+
+async def test_speech_that_added_no_words_waits_for_the_fallback() -> None:
+    """ "Can you tell me, um," is heard as "Can you tell me?" at the comma and again after
+    the filler, and the model is sure it is complete: the words say a filler or a dropped
+    word came last, so the turn waits for more (the fallback), not for the unsure wait."""
+    policy = SmartTurn(GatewaySection(end_of_turn_unsure_ms=900))
+    model = CountingProbability(0.95)
+    policy.batcher = model  # type: ignore[assignment]
+    clip = np.zeros(16000, np.float32)
+    again = heard("Can you tell me?", before="Can you tell me?")
+    for silence_ms in (100, 900, 1900):
+        assert not await policy.turn_complete(clip, again, silence_ms)
+    assert model.asked == 0
+    said = metrics.TURN_MODEL.labels("no_new_words")._value.get()
+    assert not await policy.turn_complete(clip, again, 100)
+    assert metrics.TURN_MODEL.labels("no_new_words")._value.get() == said + 1
+    # new words since the previous pause: the model decides
+    assert await policy.turn_complete(clip, heard("Can you tell me the time?", None, "Can you"))
+    assert model.asked == 1
 
 
 @pytest.mark.parametrize(

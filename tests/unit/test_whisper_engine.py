@@ -267,7 +267,7 @@ def test_a_tokens_log_probability_from_its_steps_logits() -> None:
     assert token_logprob(logits[1], 2) == pytest.approx(np.log(0.5))
 
 
-def test_tiny_en_says_how_sure_it_is_of_the_last_word() -> None:
+def test_tiny_en_says_how_sure_it_is_of_its_words_and_the_last_word() -> None:
     audio = np.concatenate(
         [speak("What is the weather like in Paris today", RATE), np.zeros(RATE // 10, np.float32)]
     )
@@ -283,6 +283,12 @@ def test_tiny_en_says_how_sure_it_is_of_the_last_word() -> None:
     assert "today" in scored.text.lower()
     assert scored.last_word_logprob is not None and -0.5 < scored.last_word_logprob <= 0.0
     assert unscored.last_word_logprob is None
+    # the mean over the words comes either way; speech played backwards, heard as words
+    # all the same, scores far lower (the gateway's VA_GATEWAY__END_OF_TURN_TRANSCRIPT_LOGPROB)
+    assert scored.avg_logprob == unscored.avg_logprob
+    assert unscored.avg_logprob is not None and -0.5 < unscored.avg_logprob <= 0.0
+    (backwards,) = plain.transcribe_batch([AsrInput(audio[::-1].copy(), "en")])
+    assert backwards.avg_logprob is not None and backwards.avg_logprob < -0.6
     (silent,) = sure.transcribe_batch([AsrInput(np.zeros(RATE, np.float32), "en")])
     assert not any(c.isalnum() for c in silent.text)  # "" or "."
     assert silent.last_word_logprob is None

@@ -29,6 +29,9 @@ class Transcript:
     language: str | None = None
     duration_s: float = 0.0
     segments: list[dict[str, float | str]] = field(default_factory=list)
+    avg_logprob: float | None = None
+    """The engine's mean log-probability of the text's tokens (None: it does not say, or no
+    words). Clear speech heard right scores about -0.3 to 0; a misheard fragment lower."""
     last_word_logprob: float | None = None
     """The engine's log-probability of the last word it wrote (None: it does not say, or
     no words). Near 0: sure; a misheard last word scores low (docs/turn-taking.md)."""

@@ -16,8 +16,9 @@ prompts of a batch have the same length whatever the languages and one
 Whisper detects for it; a language the model does not know is detected too.
 Each item's output is capped by its own duration, so a batched result equals
 the result of transcribing the item alone (exactly so with greedy decoding).
-With `last_word_confidence`, generate also returns each step's logits, and each result
-carries the log-probability of its last word (the sum over its tokens).
+Each result carries Whisper's mean token log-probability (`avg_logprob`, as faster-whisper
+computes it). With `last_word_confidence`, generate also returns each step's logits, and
+each result carries the log-probability of its last word (the sum over its tokens).
 
 On a GPU: `gpu` (physical) or `device_index` (visible) picks the device without
 ever asking for `cuda:1` in a process that sees one GPU (services/common/devices.py);
@@ -105,8 +106,8 @@ def _cuda_device_count() -> int:
     return int(ctranslate2.get_cuda_device_count())
 
 
-_Decoded = tuple[str, str, float | None]
-"""One item's text, language and last word's log-probability."""
+_Decoded = tuple[str, str, float | None, float | None]
+"""One item's text, language, mean token log-probability and last word's log-probability."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,12 +213,13 @@ class FasterWhisperEngine:
         if batch:
             with self._lock:
                 decoded = self._run(batch, stop)
-            for utterance, (text, language, sure) in zip(batch, decoded, strict=True):
+            for utterance, (text, language, mean, last) in zip(batch, decoded, strict=True):
                 results[utterance.index] = Transcript(
                     text=text,
                     language=language,
                     duration_s=utterance.duration_s,
-                    last_word_logprob=sure,
+                    avg_logprob=mean,
+                    last_word_logprob=last,
                 )
         return results
 
@@ -227,7 +229,7 @@ class FasterWhisperEngine:
         groups: dict[int, list[int]] = {}
         for i, utterance in enumerate(batch):
             groups.setdefault(self._window_frames(utterance.features.shape[1]), []).append(i)
-        results: list[_Decoded] = [("", "", None)] * len(batch)
+        results: list[_Decoded] = [("", "", None, None)] * len(batch)
         for frames, members in sorted(groups.items()):
             decoded = self._run_window([batch[i] for i in members], frames, stop)
             for i, result in zip(members, decoded, strict=True):
@@ -269,13 +271,15 @@ class FasterWhisperEngine:
 
     def _decoded(self, result: Any, limit: int, language: str) -> _Decoded:
         tokens = [int(t) for t in result.sequences_ids[0][:limit]]
-        if tokens:
-            avg_logprob = float(result.scores[0]) * len(tokens) / (len(tokens) + 1)
-            if float(result.no_speech_prob) > NO_SPEECH_PROB and avg_logprob < LOW_AVG_LOGPROB:
-                return "", language, None
+        if not tokens:
+            return "", language, None, None
+        # faster-whisper's avg_logprob: the sum over the tokens and the end of text
+        avg_logprob = float(result.scores[0]) * len(tokens) / (len(tokens) + 1)
+        if float(result.no_speech_prob) > NO_SPEECH_PROB and avg_logprob < LOW_AVG_LOGPROB:
+            return "", language, None, None
         text = str(self._decoder.decode(tokens)).strip()
         logits = result.logits[0] if self.settings.last_word_confidence else []
-        return text, language, self._last_word_logprob(tokens, logits)
+        return text, language, avg_logprob, self._last_word_logprob(tokens, logits)
 
     def _last_word_logprob(self, tokens: list[int], logits: Sequence[Any]) -> float | None:
         """The log-probability of the last word among `tokens` (the sum over its tokens),
