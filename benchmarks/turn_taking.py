@@ -44,6 +44,7 @@ from benchmarks.stack import lite_stack
 from benchmarks.voices import RATE, Audio, Voice, espeak, piper
 from services.client.stream import Received, StreamClient
 from services.common.audio import speech_end
+from services.gateway.turn_end import FILLERS
 from services.loadtest.stats import words
 
 # (sentence, the word the continuation starts with: the cut falls just before it)
@@ -73,25 +74,22 @@ CONFIGS: dict[str, dict[str, str]] = {
     "silence 600 ms": {"VA_GATEWAY__END_OF_TURN": "silence"},
     "heuristic": {"VA_GATEWAY__END_OF_TURN": "heuristic"},
     "smart-turn": {"VA_GATEWAY__END_OF_TURN": "smart-turn"},
-    "smart-turn, last word doubted below -0.6": {
+    "smart-turn, ASR scores unread": {
         "VA_GATEWAY__END_OF_TURN": "smart-turn",
-        "VA_ASR__WHISPER__LAST_WORD_CONFIDENCE": "true",
-        "VA_GATEWAY__END_OF_TURN_LAST_WORD_LOGPROB": "-0.6",
+        "VA_GATEWAY__END_OF_TURN_TRANSCRIPT_LOGPROB": "-100",
+        "VA_GATEWAY__END_OF_TURN_LAST_WORD_LOGPROB": "-100",
     },
-    "smart-turn, first asked at 200 ms, rechecks every 300 ms": {
+    "smart-turn, ASR scores unread, unsure 1000 ms": {
         "VA_GATEWAY__END_OF_TURN": "smart-turn",
-        "VA_GATEWAY__END_OF_TURN_FIRST_ASK_MS": "200",
-        "VA_GATEWAY__END_OF_TURN_RECHECK_MS": "300",
-    },
-    "smart-turn, unsure 500 ms": {
-        "VA_GATEWAY__END_OF_TURN": "smart-turn",
-        "VA_GATEWAY__END_OF_TURN_UNSURE_MS": "500",
+        "VA_GATEWAY__END_OF_TURN_TRANSCRIPT_LOGPROB": "-100",
+        "VA_GATEWAY__END_OF_TURN_LAST_WORD_LOGPROB": "-100",
+        "VA_GATEWAY__END_OF_TURN_UNSURE_MS": "1000",
     },
 }
 """Each against the defaults (pause 100 ms, trailing pad 100 ms, smart-turn first asked
-at the pause and again every 200 ms, unsure 1 s, no last-word check, Piper 2 threads
-with a 4-word first piece); `before` is how the stack ran before this benchmark drove
-those changes."""
+at the pause and again every 200 ms, unsure 500 ms, transcripts doubted below a mean
+log-probability of -0.5 or a last word's of -0.6, Piper 2 threads with a 4-word first
+piece); `before` is how the stack ran before this benchmark drove those changes."""
 
 
 ESPEAK: dict[str, Voice] = {
@@ -112,10 +110,6 @@ class Utterance:
     rest: Audio | None  # the continuation after the pause (incomplete only)
     fragment_text: str
     cut_heard: tuple[str, str] | None = None  # what the ASR hears on each side of the cut
-
-
-FILLERS = frozenset({"um", "uh", "er", "erm", "hmm"})
-"""Whisper leaves these out of transcripts: a cut's transcript is compared without them."""
 
 
 def _quiet_points(audio: Audio, estimate: int) -> list[int]:

@@ -69,9 +69,9 @@ TURN_MODEL = Counter(
     "va_gateway_turn_model_total",
     "Answers of a pause end-of-turn policy (smart-turn): complete, incomplete_words (the "
     "transcript ends mid-thought), no_new_words (the speech since the previous pause added "
-    "no words), doubted_words (the ASR doubts the transcript), incomplete (the model hears "
-    "more to come) and unsure_ended (a turn the model doubts, ended by "
-    "end_of_turn_unsure_ms).",
+    "no words), doubted_words (the ASR doubts the transcript), doubt_ended (such a turn, "
+    "ended by end_of_turn_doubt_ms), incomplete (the model hears more to come) and "
+    "unsure_ended (a turn the model doubts, ended by end_of_turn_unsure_ms).",
     ["decision"],
 )
 TURN_MODEL_SECONDS = Histogram(

@@ -45,17 +45,22 @@ class GatewaySection(BaseModel):
     """How long the `heuristic` policy waits for the user to go on."""
     end_of_turn_fallback_ms: int = Field(default=2000, ge=100, le=10_000)
     """`smart-turn`: silence that ends the turn even when the model says it is not over,
-    and the wait of a turn whose transcript ends mid-thought, adds no words since the
-    previous pause, or is doubted by the ASR."""
+    and the wait of a turn whose transcript ends mid-thought or adds no words since the
+    previous pause."""
     end_of_turn_unsure_ms: int = Field(default=500, ge=0, le=10_000)
     """`smart-turn`: silence that ends a turn the model calls incomplete when its transcript
     looks finished and the ASR is sure of it (the model alone misses some finished
     sentences: "So, uh, I was wondering if you could help me with my order." → 0.01).
     Decided at the asks (the pause, then every `end_of_turn_recheck_ms`): keep it on that
     grid (100 ms + k × 200 ms by default)."""
+    end_of_turn_doubt_ms: int = Field(default=1300, ge=0, le=10_000)
+    """`smart-turn`: silence that ends a turn whose words the ASR doubts (below
+    `end_of_turn_transcript_logprob` or `end_of_turn_last_word_logprob`), whatever the
+    model says: long enough for a speaker to go on after a misheard fragment, shorter
+    than the fallback for a finished sentence heard badly. On the asks' grid."""
     end_of_turn_transcript_logprob: float | None = Field(default=-0.5, ge=-100.0, le=0.0)
     """`smart-turn`: a transcript the ASR scores below this mean token log-probability
-    (Whisper's avg_logprob) is doubted: the turn waits for `end_of_turn_fallback_ms`,
+    (Whisper's avg_logprob) is doubted: the turn waits for `end_of_turn_doubt_ms`,
     whatever the model says (tiny.en mishears fragments into words that look finished:
     "Please remind me to" → "Please remind me", −0.53 to −0.57; docs/turn-taking.md).
     Unset: off."""

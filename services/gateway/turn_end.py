@@ -21,7 +21,8 @@ Two kinds of policy:
 - the ASR doubts the words (their mean log-probability is below
   `end_of_turn_transcript_logprob`, or, opt-in, the last word's is below
   `end_of_turn_last_word_logprob`): tiny.en mishears fragments into words that look
-  finished ("Please remind me to" → "Please remind me") → wait, likewise;
+  finished ("Please remind me to" → "Please remind me") → end at `end_of_turn_doubt_ms`
+  of silence;
 - otherwise the model says complete → end now;
 - the model hears more to come but the words do not ("So I was wondering if you could
   help me with my order.", p = 0.02) → end at `end_of_turn_unsure_ms` of silence.
@@ -193,6 +194,7 @@ class SmartTurn(SilenceOnly):
         self.threshold = settings.smart_turn_threshold
         self.threads = settings.smart_turn_threads
         self.unsure_ms = settings.end_of_turn_unsure_ms
+        self.doubt_ms = settings.end_of_turn_doubt_ms
         self.transcript_logprob = settings.end_of_turn_transcript_logprob
         self.last_word_logprob = settings.end_of_turn_last_word_logprob
         self.batcher: SmartTurnBatcher | None = None
@@ -225,8 +227,9 @@ class SmartTurn(SilenceOnly):
 
     def _by_words(self, heard: Heard | None, silence_ms: int) -> bool | None:
         """The decision the transcript alone makes, whatever the model says (None: the
-        model decides): words that end mid-thought, speech since the previous pause that
-        added no words, and words the ASR doubts wait for the fallback."""
+        model decides): words that end mid-thought and speech since the previous pause
+        that added no words wait for the fallback; words the ASR doubts, for the doubt
+        wait."""
         if heard is None:
             return None
         if ends_mid_thought(heard.text):
@@ -236,16 +239,17 @@ class SmartTurn(SilenceOnly):
             metrics.TURN_MODEL.labels("no_new_words").inc()
             return False
         if heard.doubted(self.transcript_logprob, self.last_word_logprob):
-            metrics.TURN_MODEL.labels("doubted_words").inc()
-            return False
+            return self._waited(silence_ms, self.doubt_ms, "doubted_words", "doubt_ended")
         return None
 
     def _unsure(self, silence_ms: int, reason: str) -> bool:
-        if silence_ms >= self.unsure_ms:
-            metrics.TURN_MODEL.labels("unsure_ended").inc()
-            return True
-        metrics.TURN_MODEL.labels(reason).inc()
-        return False
+        return self._waited(silence_ms, self.unsure_ms, reason, "unsure_ended")
+
+    def _waited(self, silence_ms: int, wait_ms: int, waiting: str, ended: str) -> bool:
+        """Whether `wait_ms` of silence has passed, counted as `ended` or `waiting`."""
+        done = silence_ms >= wait_ms
+        metrics.TURN_MODEL.labels(ended if done else waiting).inc()
+        return done
 
 
 def listening(policy: EndOfTurn, vad: VadSettings, settings: GatewaySection) -> VadSettings:

@@ -72,3 +72,34 @@ def test_summary_is_nearest_rank_and_rounded() -> None:
     # nearest rank: p50 → rank ceil(0.5 × 20) = 10 → 10; p95 → rank ceil(0.95 × 20) = 19 → 19
     assert summary(values) == {"p50": 10.0, "p95": 19.0, "min": 1.0, "max": 20.0}
     assert summary([3.14159]) == {"p50": 3.1, "p95": 3.1, "min": 3.1, "max": 3.1}
+
+
+async def test_turn_decisions_replay_the_policy_on_recorded_pauses() -> None:
+    """A fragment misheard as finished, with a sure model: answered unless the ASR's doubt
+    is read; a pause shorter than the transcript's arrival ends nothing."""
+    import numpy as np
+
+    from benchmarks.turn_decisions import Framed, Pause, replay
+    from benchmarks.turn_taking import Utterance
+    from services.gateway.turn_end import Heard
+
+    def pause(heard: Heard, silence_ms: int) -> Pause:
+        grid = [s for s in (100, 300, 500, 700) if s <= silence_ms]
+        asks = [(s, np.zeros(16000 + 16 * s, np.float32)) for s in grid]
+        return Pause(np.zeros(0, np.float32), silence_ms, asks, heard, [0.95] * len(asks))
+
+    clip = np.zeros(0, np.float32)
+    fragment = Utterance("Please remind me to call.", "v", False, clip, clip, "Please remind me to")
+    whole = Utterance("Please remind me.", "v", True, clip, None, "Please remind me.")
+    misheard = Heard("Please remind me", avg_logprob=-0.76)
+    framed = [
+        # a 200 ms pause inside the sentence, then the fragment's end
+        Framed(fragment, 500, [pause(Heard("Please"), 200), pause(misheard, 2000)]),
+        Framed(whole, 500, [pause(Heard("Please remind me.", avg_logprob=-0.1), 2000)]),
+    ]
+    read = await replay(framed, {}, gap_ms=1000, heard_at_ms=250)
+    unread = await replay(framed, {"end_of_turn_transcript_logprob": None}, 1000, 250)
+    assert (read["false_cut_offs"], unread["false_cut_offs"]) == (0, 1)
+    assert unread["cut_offs"][0]["pause"] == "2 of 2"  # not the 200 ms pause: too short
+    assert unread["cut_offs"][0]["ended_at_silence_ms"] == 250  # when the words came
+    assert read["complete_end_of_turn_silence_ms"]["p50"] == 250

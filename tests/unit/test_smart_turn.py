@@ -189,23 +189,27 @@ async def test_model_and_words_disagreeing_end_the_turn_at_the_unsure_silence() 
     assert not await policy.turn_complete(complete, heard("Where is the nearest..."), 1900)
 
 
-async def test_words_the_asr_doubts_wait_for_the_fallback() -> None:
+async def test_words_the_asr_doubts_wait_for_the_doubt_silence() -> None:
     """tiny.en hears "Please remind me to" as "Please remind me" (mean -0.76) and "I need a
     recipe for a" as "I need a recipe for it." (last word -0.96): however sure the model
-    is, such a turn waits for the fallback (the VAD's silence), and the model is not asked."""
-    policy = SmartTurn(GatewaySection(end_of_turn_unsure_ms=500))
+    is, such a turn ends only at the doubt wait, and the model is not asked."""
+    policy = SmartTurn(GatewaySection(end_of_turn_unsure_ms=500, end_of_turn_doubt_ms=1300))
     assert (policy.transcript_logprob, policy.last_word_logprob) == (-0.5, -0.6)  # defaults
     model = CountingProbability(0.95)
     policy.batcher = model  # type: ignore[assignment]
     clip = np.zeros(16000, np.float32)
     dropped = Heard("Please remind me", avg_logprob=-0.76, last_word_logprob=-0.11)
     misheard = Heard("I need a recipe for it.", avg_logprob=-0.42, last_word_logprob=-0.96)
-    doubted = metrics.TURN_MODEL.labels("doubted_words")._value.get()
+    doubted, ended = (
+        metrics.TURN_MODEL.labels(n)._value.get() for n in ("doubted_words", "doubt_ended")
+    )
     for words in (dropped, misheard):
-        for silence_ms in (100, 500, 1900):
+        for silence_ms in (100, 500, 1100):
             assert not await policy.turn_complete(clip, known(words), silence_ms)
+        assert await policy.turn_complete(clip, known(words), 1300)
     assert model.asked == 0  # known words decide alone: the model's answer changes nothing
     assert metrics.TURN_MODEL.labels("doubted_words")._value.get() == doubted + 6
+    assert metrics.TURN_MODEL.labels("doubt_ended")._value.get() == ended + 2
     # words the ASR is sure of, or scores it does not give: the model decides at once
     sure = Heard("Where is the nearest pharmacy?", avg_logprob=-0.2, last_word_logprob=-0.02)
     assert await policy.turn_complete(clip, known(sure), 100)
