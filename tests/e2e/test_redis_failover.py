@@ -38,7 +38,8 @@ RECOVERY_BOUND_S = 30.0  # generous on a shared 2-core machine; the target is 10
 
 
 def check(result: dict[str, object]) -> None:
-    assert result["turns_lost"] == 0, result
+    # the lost turns' own lines first: the whole result is cut short in a failure report
+    assert result["turns_lost"] == 0, (result.get("lost_detail"), result)
     assert result["turns_duplicated"] == 0, result
     recovery = result["recovery_after_promotion_s"]
     assert isinstance(recovery, float) and recovery <= RECOVERY_BOUND_S, result
