@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,16 +115,11 @@ def frame(utterance: Utterance, lead_ms: int, settings: GatewaySection) -> Frame
     return Framed(utterance, lead_ms, pauses)
 
 
-_VAD: Any = None
-
-
+@functools.cache
 def _vad() -> Any:
-    global _VAD
-    if _VAD is None:
-        from services.common.vad import SileroVad
+    from services.common.vad import SileroVad
 
-        _VAD = SileroVad()
-    return _VAD
+    return SileroVad()
 
 
 def hear(framed: list[Framed]) -> None:
@@ -134,7 +130,7 @@ def hear(framed: list[Framed]) -> None:
     from services.asr.settings import WhisperSettings
     from services.gateway.smart_turn import shared_model
 
-    engine = FasterWhisperEngine(WhisperSettings(model="tiny.en", last_word_confidence=True))
+    engine = FasterWhisperEngine(WhisperSettings(model="tiny.en"))  # last-word scores: on
     engine.load()
     model = shared_model(1)
     for item in framed:

@@ -348,7 +348,7 @@ class Session:
             job = self._asr_job(utterance_id, new_id("asrs"))
             heard = asyncio.get_running_loop().create_future()
             self._speculation = _Speculation(utterance_id, pause.end_ms, job.job_id, heard)
-            if earlier is not None and earlier.utterance_id == utterance_id and earlier.result:
+            if earlier and earlier.utterance_id == utterance_id and earlier.result is not None:
                 self._speculation.before = earlier.result.text
             await self.bus.submit_asr(job, float_to_pcm16(pause.audio))
         if self.end_of_turn.decides_at_pause:

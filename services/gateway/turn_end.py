@@ -19,7 +19,7 @@ Two kinds of policy:
   at both pauses, fillers aside): it was a filler or a word the ASR left out ("Can you
   tell me, um," heard as "Can you tell me?" twice) → wait, likewise;
 - the ASR doubts the words (their mean log-probability is below
-  `end_of_turn_transcript_logprob`, or, opt-in, the last word's is below
+  `end_of_turn_transcript_logprob`, or the last word's is below
   `end_of_turn_last_word_logprob`): tiny.en mishears fragments into words that look
   finished ("Please remind me to" → "Please remind me") → end at `end_of_turn_doubt_ms`
   of silence;
@@ -141,11 +141,14 @@ class SilenceOnly:
 
 _WORD = re.compile(r"[a-z0-9']+")
 
-TRAILING_WORDS = frozenset(
+FILLERS = frozenset(_WORD.findall("um uh er erm hmm mm ah"))
+"""Hesitations, which the ASR writes one time and leaves out the next."""
+
+TRAILING_WORDS = FILLERS | frozenset(
     _WORD.findall(
-        "and but or so because if then that which who when while although like um uh er "
-        "erm hmm the a an to of for with my your our their about than as in on at from by "
-        "into onto i we they he she some every each"
+        "and but or so because if then that which who when while although like the a an to "
+        "of for with my your our their about than as in on at from by into onto i we they "
+        "he she some every each"
     )
 )
 """Words a finished sentence rarely ends with: a pause after them is a pause mid-thought."""
@@ -164,10 +167,6 @@ class TrailingWordHeuristic(SilenceOnly):
 
     async def hold_ms(self, history: list[Turn], transcript: str) -> int:
         return self.hold if ends_mid_thought(transcript) else 0
-
-
-FILLERS = frozenset(_WORD.findall("um uh er erm hmm mm ah"))
-"""Hesitations, which the ASR writes one time and leaves out the next."""
 
 
 def spoken_words(text: str) -> list[str]:
@@ -223,7 +222,7 @@ class SmartTurn(SilenceOnly):
         if probability >= self.threshold:
             metrics.TURN_MODEL.labels("complete").inc()
             return True
-        return self._unsure(silence_ms, "incomplete")
+        return self._waited(silence_ms, self.unsure_ms, "incomplete", "unsure_ended")
 
     def _by_words(self, heard: Heard | None, silence_ms: int) -> bool | None:
         """The decision the transcript alone makes, whatever the model says (None: the
@@ -241,9 +240,6 @@ class SmartTurn(SilenceOnly):
         if heard.doubted(self.transcript_logprob, self.last_word_logprob):
             return self._waited(silence_ms, self.doubt_ms, "doubted_words", "doubt_ended")
         return None
-
-    def _unsure(self, silence_ms: int, reason: str) -> bool:
-        return self._waited(silence_ms, self.unsure_ms, reason, "unsure_ended")
 
     def _waited(self, silence_ms: int, wait_ms: int, waiting: str, ended: str) -> bool:
         """Whether `wait_ms` of silence has passed, counted as `ended` or `waiting`."""

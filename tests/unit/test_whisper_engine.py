@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -283,6 +284,10 @@ def test_tiny_en_says_how_sure_it_is_of_its_words_and_the_last_word() -> None:
     assert "today" in scored.text.lower()
     assert scored.last_word_logprob is not None and -0.5 < scored.last_word_logprob <= 0.0
     assert unscored.last_word_logprob is None
+    # partials (the batcher's interruptible calls) keep no logits: no last-word score
+    (partial,) = sure.transcribe_batch_until([AsrInput(audio, "en")], threading.Event())
+    assert (partial.text, partial.avg_logprob) == (scored.text, scored.avg_logprob)
+    assert partial.last_word_logprob is None
     # the mean over the words comes either way; speech played backwards, heard as words
     # all the same, scores far lower (the gateway's VA_GATEWAY__END_OF_TURN_TRANSCRIPT_LOGPROB)
     assert scored.avg_logprob == unscored.avg_logprob

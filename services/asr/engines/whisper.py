@@ -193,11 +193,16 @@ class FasterWhisperEngine:
         self, items: Sequence[AsrInput], stop: threading.Event
     ) -> list[Transcript]:
         """As `transcribe_batch`, giving up (Interrupted) before encoding or generating
-        once `stop` is set: one encode is the longest a final waits for partials."""
-        return self.transcribe_batch(items, stop)
+        once `stop` is set: one encode is the longest a final waits for partials. The
+        batcher calls it for batches of partials alone, which carry no last-word score
+        (only the gateway's end of turn reads it, from finals): no logits are kept."""
+        return self._transcribe(items, stop, scores=False)
 
-    def transcribe_batch(
-        self, items: Sequence[AsrInput], stop: threading.Event | None = None
+    def transcribe_batch(self, items: Sequence[AsrInput]) -> list[Transcript]:
+        return self._transcribe(items, None, scores=self.settings.last_word_confidence)
+
+    def _transcribe(
+        self, items: Sequence[AsrInput], stop: threading.Event | None, scores: bool
     ) -> list[Transcript]:
         if self._whisper is None:
             raise EngineUnavailable("the faster-whisper model is not loaded")
@@ -212,7 +217,7 @@ class FasterWhisperEngine:
                 batch.append(_Utterance(index, duration, self._features(audio), language))
         if batch:
             with self._lock:
-                decoded = self._run(batch, stop)
+                decoded = self._run(batch, stop, scores)
             for utterance, (text, language, mean, last) in zip(batch, decoded, strict=True):
                 results[utterance.index] = Transcript(
                     text=text,
@@ -223,7 +228,9 @@ class FasterWhisperEngine:
                 )
         return results
 
-    def _run(self, batch: list[_Utterance], stop: threading.Event | None) -> list[_Decoded]:
+    def _run(
+        self, batch: list[_Utterance], stop: threading.Event | None, scores: bool
+    ) -> list[_Decoded]:
         """One encode and one generate per encoder window among the batch's items (on a
         GPU with the 30 s window: one for the whole batch)."""
         groups: dict[int, list[int]] = {}
@@ -231,13 +238,13 @@ class FasterWhisperEngine:
             groups.setdefault(self._window_frames(utterance.features.shape[1]), []).append(i)
         results: list[_Decoded] = [("", "", None, None)] * len(batch)
         for frames, members in sorted(groups.items()):
-            decoded = self._run_window([batch[i] for i in members], frames, stop)
+            decoded = self._run_window([batch[i] for i in members], frames, stop, scores)
             for i, result in zip(members, decoded, strict=True):
                 results[i] = result
         return results
 
     def _run_window(
-        self, batch: list[_Utterance], frames: int, stop: threading.Event | None
+        self, batch: list[_Utterance], frames: int, stop: threading.Event | None, scores: bool
     ) -> list[_Decoded]:
         import ctranslate2
 
@@ -258,18 +265,18 @@ class FasterWhisperEngine:
             # item is cut to its own limit below, so batching never changes a result.
             max_length=min(2 * MAX_NEW_TOKENS, 2 * max(limits)),
             return_scores=True,
-            return_logits_vocab=self.settings.last_word_confidence,
+            return_logits_vocab=scores,
             return_no_speech_prob=True,
             suppress_blank=True,
             suppress_tokens=self._suppress,
             sampling_topk=1,
         )
         return [
-            self._decoded(result, limit, language)
+            self._decoded(result, limit, language, scores)
             for result, limit, language in zip(results, limits, languages, strict=True)
         ]
 
-    def _decoded(self, result: Any, limit: int, language: str) -> _Decoded:
+    def _decoded(self, result: Any, limit: int, language: str, scores: bool) -> _Decoded:
         tokens = [int(t) for t in result.sequences_ids[0][:limit]]
         if not tokens:
             return "", language, None, None
@@ -278,7 +285,7 @@ class FasterWhisperEngine:
         if float(result.no_speech_prob) > NO_SPEECH_PROB and avg_logprob < LOW_AVG_LOGPROB:
             return "", language, None, None
         text = str(self._decoder.decode(tokens)).strip()
-        logits = result.logits[0] if self.settings.last_word_confidence else []
+        logits = result.logits[0] if scores else []
         return text, language, avg_logprob, self._last_word_logprob(tokens, logits)
 
     def _last_word_logprob(self, tokens: list[int], logits: Sequence[Any]) -> float | None:
