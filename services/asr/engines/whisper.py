@@ -14,10 +14,14 @@ temperature 0 with no fallback, no timestamps. Every prompt is
 prompts of a batch have the same length whatever the languages and one
 `generate` call serves them all. An item without a language takes the one
 Whisper detects for it; a language the model does not know is detected too.
-Each item's output is capped by its own duration, so a batched result equals
-the result of transcribing the item alone (exactly so with greedy decoding).
+Each item's text is capped by its own duration; generation runs to a cap set by the
+encoder window alone (never by what else is in the batch), so a batched result equals the
+result of transcribing the item alone: the same tokens with greedy decoding, and the same
+scores up to the CPU kernels' rounding (sums over other batch shapes are not bit-identical).
 Each result carries Whisper's mean token log-probability (`avg_logprob`, as faster-whisper
-computes it). With `last_word_confidence`, generate also returns each step's logits, and
+computes it). A runaway (a decode that reaches its item's cap: a hallucination loop) is
+scored over the tokens kept, from the step logits where they were kept (finals, by default),
+else over the whole generation, which overrates a loop (partials, whose scores nothing reads). With `last_word_confidence`, generate also returns each step's logits, and
 each result carries the log-probability of its last word (the sum over its tokens).
 
 On a GPU: `gpu` (physical) or `device_index` (visible) picks the device without
@@ -261,9 +265,10 @@ class FasterWhisperEngine:
             encoded,
             [self._prompt(language) for language in languages],
             beam_size=self.settings.beam_size,
-            # CTranslate2 generates at most max_length // 2 tokens for Whisper; each
-            # item is cut to its own limit below, so batching never changes a result.
-            max_length=min(2 * MAX_NEW_TOKENS, 2 * max(limits)),
+            # CTranslate2 generates at most max_length // 2 tokens for Whisper. The cap is
+            # the window's (the same for an item alone or batched: its score never depends
+            # on its neighbours); each item's text is cut to its own limit below.
+            max_length=2 * max_new_tokens(frames / FRAMES_PER_SECOND),
             return_scores=True,
             return_logits_vocab=scores,
             return_no_speech_prob=True,
@@ -277,15 +282,23 @@ class FasterWhisperEngine:
         ]
 
     def _decoded(self, result: Any, limit: int, language: str, scores: bool) -> _Decoded:
-        tokens = [int(t) for t in result.sequences_ids[0][:limit]]
+        generated = result.sequences_ids[0]
+        tokens = [int(t) for t in generated[:limit]]
         if not tokens:
             return "", language, None, None
-        # faster-whisper's avg_logprob: the sum over the tokens and the end of text
-        avg_logprob = float(result.scores[0]) * len(tokens) / (len(tokens) + 1)
+        logits = result.logits[0] if scores else []
+        if len(generated) > len(tokens) and len(logits) >= len(tokens):
+            # cut to its cap: the mean over the tokens kept (a loop's later repeats are
+            # confident, and would hide its doubtful start)
+            steps = range(len(tokens))
+            avg_logprob = sum(token_logprob(logits[i], tokens[i]) for i in steps) / len(tokens)
+        else:
+            # faster-whisper's avg_logprob: CTranslate2's score is the mean over the
+            # generated tokens and the end of text; over them, and the end of text
+            avg_logprob = float(result.scores[0]) * len(generated) / (len(generated) + 1)
         if float(result.no_speech_prob) > NO_SPEECH_PROB and avg_logprob < LOW_AVG_LOGPROB:
             return "", language, None, None
         text = str(self._decoder.decode(tokens)).strip()
-        logits = result.logits[0] if scores else []
         return text, language, avg_logprob, self._last_word_logprob(tokens, logits)
 
     def _last_word_logprob(self, tokens: list[int], logits: Sequence[Any]) -> float | None:
