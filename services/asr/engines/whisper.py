@@ -21,8 +21,9 @@ scores up to the CPU kernels' rounding (sums over other batch shapes are not bit
 Each result carries Whisper's mean token log-probability (`avg_logprob`, as faster-whisper
 computes it). A runaway (a decode that reaches its item's cap: a hallucination loop) is
 scored over the tokens kept, from the step logits where they were kept (finals, by default),
-else over the whole generation, which overrates a loop (partials, whose scores nothing reads). With `last_word_confidence`, generate also returns each step's logits, and
-each result carries the log-probability of its last word (the sum over its tokens).
+else over the whole generation, which overrates a loop (partials, whose scores nothing
+reads). With `last_word_confidence`, generate also returns each step's logits, and each
+result carries the log-probability of its last word (the sum over its tokens).
 
 On a GPU: `gpu` (physical) or `device_index` (visible) picks the device without
 ever asking for `cuda:1` in a process that sees one GPU (services/common/devices.py);
