@@ -28,11 +28,12 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.report import percentile, versions, write
 from services.asr.batcher import Batcher
 from services.asr.engines.base import AsrInput
 from services.asr.engines.whisper import FasterWhisperEngine
 from services.asr.settings import WhisperSettings
+from services.common.stats import percentile
+from services.loadtest.report import versions, write
 
 RATE = 16000
 

@@ -17,9 +17,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from benchmarks.report import summary, write
 from benchmarks.stack import lite_stack
 from services.client.stream import StreamClient
+from services.common.stats import summary
+from services.loadtest.report import write
 from tests.speech import speak
 
 REPLY = (

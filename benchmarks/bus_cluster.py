@@ -26,10 +26,12 @@ from typing import Any
 
 import redis
 
-from benchmarks.report import versions, write
-from services.common.bus import JobStream, Keys, connect
-from services.common.settings import RedisSettings
-from services.common.worker import job_id_of
+from services.common.bus.connection import connect
+from services.common.bus.keys import Keys
+from services.common.bus.settings import RedisSettings
+from services.common.bus.streams import JobStream
+from services.common.bus.worker import job_id_of
+from services.loadtest.report import versions, write
 from services.ops.redis_server import free_port, start_redis
 from tests.redis_ha import ClusterSet
 

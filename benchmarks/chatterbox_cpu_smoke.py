@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import chatterbox_random
-from benchmarks.report import versions, write
+from services.loadtest.report import versions, write
 from services.tts.engines.base import AudioF32, SpeechRequest
 from services.tts.engines.chatterbox import ChatterboxEngine, Sampling, SpeechBackend, load_backend
 from services.tts.settings import TOKEN_MS, ChatterboxSettings

@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.report import write
 from benchmarks.turn_taking import RATE, Utterance, asr_transcriber, labelled_set
 from services.gateway.turn_end import ends_mid_thought
+from services.loadtest.report import write
 
 
 def measure(utterances: list[Utterance]) -> list[dict[str, Any]]:

@@ -13,9 +13,9 @@ import argparse
 import os
 import sys
 
-from benchmarks.report import command
 from benchmarks.stack import lite_stack
 from services.loadtest.cli import add_arguments, execute
+from services.loadtest.report import command
 
 
 def main() -> int:

@@ -29,11 +29,10 @@ from typing import Any
 import numpy as np
 import websockets
 
-from benchmarks.report import percentile, summary, write
 from benchmarks.stack import lite_stack
 from services.client.stream import StreamClient
-from services.common.audio import float_to_pcm16
-from services.common.events import (
+from services.common.audio.pcm import float_to_pcm16
+from services.common.protocol.events import (
     ResponseAudioDone,
     ResponseCreated,
     ResponseDone,
@@ -44,8 +43,10 @@ from services.common.events import (
     SpeechStopped,
     TranscriptFinal,
 )
+from services.common.stats import percentile, summary
 from services.gateway.realtime import RealtimeChannel
 from services.loadtest.corpus import SENTENCES
+from services.loadtest.report import write
 from tests.speech import speak
 
 RATE = 24000

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.report import versions, write
+from services.loadtest.report import versions, write
 from tests.redis_drill import failover_drill
 
 

@@ -30,7 +30,8 @@ from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
-from benchmarks.report import percentile, versions, write
+from services.common.stats import percentile
+from services.loadtest.report import versions, write
 from services.tts.engines.base import SpeechRequest, TtsEngine
 from services.tts.settings import ChatterboxSettings, EspeakSettings
 from services.tts.synthesizer import Synthesizer

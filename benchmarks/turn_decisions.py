@@ -32,12 +32,13 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.report import summary, write
 from benchmarks.turn_taking import Utterance, labelled_set
 from benchmarks.voices import RATE
-from services.common.audio import AudioF32
+from services.common.audio.pcm import AudioF32
+from services.common.stats import summary
 from services.gateway.settings import GatewaySection
 from services.gateway.turn_end import Heard, SmartTurn
+from services.loadtest.report import write
 
 LEADS_MS = [500 + 12 * k for k in range(8)]
 CHUNK = 320  # 20 ms frames, as clients send
@@ -82,8 +83,8 @@ class Framed:
 def frame(utterance: Utterance, lead_ms: int, settings: GatewaySection) -> Framed:
     """The pauses the gateway's VAD finds in the utterance (its first part) after
     `lead_ms` of silence, each with the audio of every ask the session would make."""
-    from services.common.turns import SpeechPause, TurnSegmenter
-    from services.common.vad import VadSettings
+    from services.common.audio.turns import SpeechPause, TurnSegmenter
+    from services.common.audio.vad import VadSettings
     from services.gateway.turn_end import listening
 
     vad = _vad()
@@ -117,7 +118,7 @@ def frame(utterance: Utterance, lead_ms: int, settings: GatewaySection) -> Frame
 
 @functools.cache
 def _vad() -> Any:
-    from services.common.vad import SileroVad
+    from services.common.audio.vad import SileroVad
 
     return SileroVad()
 

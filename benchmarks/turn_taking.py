@@ -39,12 +39,13 @@ import httpx
 import jiwer
 import numpy as np
 
-from benchmarks.report import summary, write
 from benchmarks.stack import lite_stack
 from benchmarks.voices import RATE, Audio, Voice, espeak, piper
 from services.client.stream import Received, StreamClient
-from services.common.audio import speech_end
+from services.common.audio.pcm import speech_end
+from services.common.stats import summary
 from services.gateway.turn_end import FILLERS
+from services.loadtest.report import write
 from services.loadtest.stats import words
 
 # (sentence, the word the continuation starts with: the cut falls just before it)

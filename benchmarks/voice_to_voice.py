@@ -25,12 +25,13 @@ from typing import Any
 import httpx
 import jiwer
 
-from benchmarks.report import summary, write
 from benchmarks.stack import lite_stack
 from benchmarks.voices import Voice, espeak, piper
 from services.client.stream import StreamClient
-from services.common.audio import encode_audio, pcm16_to_float, resample
+from services.common.audio.pcm import encode_audio, pcm16_to_float, resample
+from services.common.stats import summary
 from services.loadtest.corpus import SENTENCES
+from services.loadtest.report import write
 from services.loadtest.stats import words
 
 VOICES: dict[str, Voice] = {

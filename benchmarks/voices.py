@@ -8,7 +8,7 @@ from functools import cache
 import numpy as np
 import numpy.typing as npt
 
-from services.common.audio import resample
+from services.common.audio.pcm import resample
 from services.tts.engines.base import SpeechRequest
 from services.tts.engines.piper import PiperEngine
 from services.tts.settings import PiperSettings

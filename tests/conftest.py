@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from services.common.settings import Profile, RedisSettings
+from services.common.bus.settings import RedisSettings
+from services.common.service.settings import Profile
 from services.ops.redis_server import free_port, start_redis
 from tests.servers import ServerThread
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from services.common import gpu
+from services.common.platform import gpu
 
 
 class NVMLError(Exception):

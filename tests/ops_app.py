@@ -7,9 +7,9 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from services.common.bus import connect
-from services.common.service import ServiceState, install_ops
-from services.common.settings import RedisSettings
+from services.common.bus.connection import connect
+from services.common.bus.settings import RedisSettings
+from services.common.service.routes import ServiceState, install_ops
 
 
 def ops_app(service: str, redis: RedisSettings, engine: str = "fake") -> FastAPI:

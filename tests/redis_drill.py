@@ -34,8 +34,8 @@ from services.asr.engines.base import Transcript
 from services.asr.engines.fake import FakeAsrEngine
 from services.asr.settings import AsrSettings
 from services.client.stream import StreamClient
-from services.common.bus import Keys
-from services.common.settings import RedisSettings
+from services.common.bus.keys import Keys
+from services.common.bus.settings import RedisSettings
 from tests.redis_ha import ClusterSet, SentinelSet
 from tests.servers import ServerThread
 from tests.speech import speak

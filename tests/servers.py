@@ -8,8 +8,8 @@ from typing import Any
 
 import uvicorn
 
-from services.common.serve import uvicorn_config
-from services.common.settings import ServerSettings
+from services.common.service.server import uvicorn_config
+from services.common.service.settings import ServerSettings
 from services.ops.redis_server import free_port
 
 

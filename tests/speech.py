@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import soxr
 
-from services.common.audio import float_to_pcm16
+from services.common.audio.pcm import float_to_pcm16
 from services.tts.engines.base import SpeechRequest
 from services.tts.engines.espeak import EspeakEngine
 from services.tts.settings import EspeakSettings

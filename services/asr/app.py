@@ -16,20 +16,16 @@ from services.asr.engines.base import AsrEngine
 from services.asr.rest import router
 from services.asr.settings import AsrSettings
 from services.asr.stream import serve_asr_stream
-from services.common.bus import (
-    JobStream,
-    Keys,
-    connect,
-    consumed_shards,
-    unique_consumer_name,
-)
-from services.common.devices import cuda_index
-from services.common.lifecycle import Background
-from services.common.listener import HearingBatcher
-from services.common.service import ServiceState, install_ops
-from services.common.tokens_api import install_auth
-from services.common.vad import SileroVad
-from services.common.worker import JobWorker
+from services.common.audio.listener import HearingBatcher
+from services.common.audio.vad import SileroVad
+from services.common.auth.tokens_api import install_auth
+from services.common.bus.connection import connect
+from services.common.bus.keys import Keys
+from services.common.bus.streams import JobStream, consumed_shards, unique_consumer_name
+from services.common.bus.worker import JobWorker
+from services.common.platform.devices import cuda_index
+from services.common.service.lifecycle import Background
+from services.common.service.routes import ServiceState, install_ops
 
 log = logging.getLogger(__name__)
 

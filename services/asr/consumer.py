@@ -10,11 +10,11 @@ from redis.asyncio import Redis
 from services.asr.batcher import Batcher
 from services.asr.engines.base import AsrInput
 from services.common import metrics
-from services.common.audio import pcm16_to_float, resample
-from services.common.bus import Delivery, publish
+from services.common.audio.pcm import pcm16_to_float, resample
+from services.common.bus.messages import AsrJob
+from services.common.bus.settings import RedisSettings
+from services.common.bus.streams import Delivery, publish
 from services.common.errors import VoiceAgentError
-from services.common.jobs import AsrJob
-from services.common.settings import RedisSettings
 
 
 class AsrJobHandler:

@@ -12,9 +12,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from services.asr.batcher import Batcher
 from services.asr.engines.base import AsrInput, Transcript
 from services.common import metrics
-from services.common.audio import decode_file
+from services.common.audio.pcm import decode_file
+from services.common.auth.guard import meter_of
 from services.common.errors import InvalidAudio, InvalidMessage
-from services.common.guard import meter_of
 
 ResponseFormat = Literal["json", "text", "verbose_json", "srt", "vtt"]
 

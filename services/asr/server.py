@@ -10,7 +10,7 @@ if __package__ in (None, ""):  # run as a script: make the repo importable
 
 from services.asr.app import create_app
 from services.asr.settings import AsrSettings
-from services.common.serve import run_service
+from services.common.service.server import run_service
 
 
 def main(argv: list[str] | None = None) -> None:

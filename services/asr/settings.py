@@ -7,9 +7,9 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from services.common.profiles import apply_profile
-from services.common.settings import BaseServiceSettings, EngineSection, ServerSettings
-from services.common.vad import VadSettings
+from services.common.audio.vad import VadSettings
+from services.common.service.profiles import apply_profile
+from services.common.service.settings import BaseServiceSettings, EngineSection, ServerSettings
 
 
 class WhisperSettings(BaseModel):

@@ -16,10 +16,15 @@ from fastapi import WebSocket
 from services.asr.batcher import Batcher
 from services.asr.engines.base import AsrInput, Transcript
 from services.asr.metrics import ASR_SPECULATIVE
-from services.common.audio import AudioF32
-from services.common.auth import app_subprotocol
+from services.common.audio.listener import HearingBatcher, Listener
+from services.common.audio.pcm import AudioF32
+from services.common.audio.turns import SpeechEnd, SpeechPause, SpeechStart, TurnEvent
+from services.common.audio.vad import VadSettings
+from services.common.auth.credentials import app_subprotocol
+from services.common.auth.guard import meter_of
+from services.common.auth.limits import NO_METER
 from services.common.errors import UnsupportedSampleRate, VoiceAgentError
-from services.common.events import (
+from services.common.protocol.events import (
     ASR_CLIENT_EVENTS,
     AsrClose,
     AsrReady,
@@ -28,13 +33,8 @@ from services.common.events import (
     SegmentStarted,
     parse,
 )
-from services.common.guard import meter_of
-from services.common.limits import NO_METER
-from services.common.listener import HearingBatcher, Listener
-from services.common.service import ServiceState
-from services.common.turns import SpeechEnd, SpeechPause, SpeechStart, TurnEvent
-from services.common.vad import VadSettings
-from services.common.ws import Channel, Disconnected
+from services.common.service.routes import ServiceState
+from services.common.service.ws import Channel, Disconnected
 
 
 class AsrStream:

@@ -18,8 +18,14 @@ from typing import Any
 import numpy as np
 import websockets
 
-from services.common.audio import AudioF32, float_to_pcm16, pcm16_to_float, resample, speech_end
-from services.common.settings import ALLOWED_SAMPLE_RATES
+from services.common.audio.pcm import (
+    ALLOWED_SAMPLE_RATES,
+    AudioF32,
+    float_to_pcm16,
+    pcm16_to_float,
+    resample,
+    speech_end,
+)
 
 
 @dataclass

@@ -14,18 +14,18 @@ from fastapi import FastAPI, Query, Request, WebSocket
 from fastapi.responses import JSONResponse
 
 from services.common import metrics as common_metrics
-from services.common.auth import app_subprotocol, is_loopback
-from services.common.bus import connect
+from services.common.audio.listener import HearingBatcher, Listener
+from services.common.audio.vad import SileroVad
+from services.common.auth.credentials import app_subprotocol, is_loopback
+from services.common.auth.guard import meter_of, principal_of, refuse_handshake
+from services.common.auth.tokens_api import install_auth
+from services.common.bus.connection import connect
+from services.common.bus.messages import BusResult
 from services.common.errors import CapacityError, Forbidden, VoiceAgentError
-from services.common.events import SessionConfig, SessionCreated
-from services.common.guard import meter_of, principal_of, refuse_handshake
-from services.common.jobs import BusResult
-from services.common.lifecycle import Background
-from services.common.listener import HearingBatcher, Listener
-from services.common.service import ServiceState, install_ops
-from services.common.tokens_api import install_auth
-from services.common.vad import SileroVad
-from services.common.ws import Channel, Disconnected
+from services.common.protocol.events import SessionConfig, SessionCreated
+from services.common.service.lifecycle import Background
+from services.common.service.routes import ServiceState, install_ops
+from services.common.service.ws import Channel, Disconnected
 from services.gateway import metrics
 from services.gateway.agent import AGENTS, Agent, Turn
 from services.gateway.bus import GatewayBus

@@ -11,10 +11,12 @@ from typing import Any
 from pydantic import ValidationError
 from redis.asyncio import Redis
 
-from services.common.bus import Fields, JobStream, Keys, cancel
-from services.common.jobs import RESULTS, AsrJob, BusResult, TtsJob
-from services.common.settings import RedisSettings
-from services.common.worker import REDIS_DOWN
+from services.common.bus.connection import REDIS_DOWN
+from services.common.bus.durable import Fields
+from services.common.bus.keys import Keys
+from services.common.bus.messages import RESULTS, AsrJob, BusResult, TtsJob
+from services.common.bus.settings import RedisSettings
+from services.common.bus.streams import JobStream, cancel
 
 log = logging.getLogger(__name__)
 

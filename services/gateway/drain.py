@@ -17,7 +17,7 @@ from typing import Protocol
 
 from pydantic import BaseModel
 
-from services.common.service import ServiceState
+from services.common.service.routes import ServiceState
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 The credential a client sends (`Authorization: Bearer`, or a `voice-agent.token.<t>` /
 `openai-insecure-api-key.<t>` subprotocol) is read and checked by the auth guard before
-any route runs (`services.common.auth.credential`); this module only says which
+any route runs (`services.common.auth.credentials.credential`); this module only says which
 subprotocol to answer with. A browser that offers subprotocols fails the connection
 unless the server selects one, so the answer is the first offered that is not a token
 carrier.
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from starlette.websockets import WebSocket
 
-from services.common.auth import TOKEN_SUBPROTOCOLS
+from services.common.auth.credentials import TOKEN_SUBPROTOCOLS
 
 
 @dataclass(frozen=True, slots=True)

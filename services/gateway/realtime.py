@@ -21,8 +21,9 @@ from typing import Any
 from starlette.websockets import WebSocket
 
 from services.common import metrics
+from services.common.audio.vad import VadSettings
 from services.common.errors import InvalidAudio, VoiceAgentError
-from services.common.events import (
+from services.common.protocol.events import (
     ErrorEvent,
     Event,
     OutputAudioClear,
@@ -38,8 +39,7 @@ from services.common.events import (
     TranscriptFinal,
     TranscriptPartial,
 )
-from services.common.vad import VadSettings
-from services.common.ws import Channel, Frame
+from services.common.service.ws import Channel, Frame
 from services.gateway import realtime_events as rt
 from services.gateway import realtime_shapes as shapes
 

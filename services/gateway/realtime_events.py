@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from services.common.errors import InvalidMessage, UnsupportedSampleRate
-from services.common.events import TurnDetection
+from services.common.protocol.events import TurnDetection
 
 RATES = (8000, 16000, 24000, 48000)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from services.common.events import SessionConfig
-from services.common.vad import VadSettings
+from services.common.audio.vad import VadSettings
+from services.common.protocol.events import SessionConfig
 
 MODEL = "voice-agent"
 TRANSCRIPTION_MODEL = "whisper-1"

@@ -15,8 +15,20 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.common.audio import AudioF32, float_to_pcm16, ms_to_samples
-from services.common.auth import DEFAULT_TENANT
+from services.common.audio.listener import Listener
+from services.common.audio.pcm import AudioF32, float_to_pcm16, ms_to_samples
+from services.common.audio.turns import SpeechEnd, SpeechPause, SpeechStart, TurnEvent
+from services.common.audio.vad import VadSettings
+from services.common.auth.limits import NO_METER
+from services.common.bus.messages import (
+    AsrJob,
+    AsrResult,
+    BusResult,
+    JobFailed,
+    TtsChunk,
+    TtsDone,
+    TtsJob,
+)
 from services.common.errors import (
     AgentFailed,
     AsrUnavailable,
@@ -24,7 +36,7 @@ from services.common.errors import (
     TtsUnavailable,
     VoiceAgentError,
 )
-from services.common.events import (
+from services.common.protocol.events import (
     CLIENT_EVENTS,
     ConversationText,
     InputAudioClear,
@@ -44,13 +56,11 @@ from services.common.events import (
     SpeechStopped,
     TranscriptFinal,
     TranscriptPartial,
+    TurnDetection,
     parse,
 )
-from services.common.jobs import AsrJob, AsrResult, BusResult, JobFailed, TtsChunk, TtsDone, TtsJob
-from services.common.limits import NO_METER
-from services.common.listener import Listener
-from services.common.turns import SpeechEnd, SpeechPause, SpeechStart, TurnEvent
-from services.common.ws import Channel
+from services.common.service.ws import Channel
+from services.common.tenancy import DEFAULT_TENANT
 from services.gateway import metrics
 from services.gateway.agent import AGENTS, Agent, Turn
 from services.gateway.bus import GatewayBus
@@ -190,7 +200,7 @@ class Session:
         self._pause: _Pause | None = None
         self._children: set[asyncio.Task[None]] = set()
         if config.turn_detection is not None:  # a resumed session's own
-            listener.set_turn_detection(config.turn_detection)
+            listener.set_turns(*turn_settings(listener.settings, config.turn_detection))
 
     # ------------------------------------------------------------------ inputs
 
@@ -264,7 +274,9 @@ class Session:
             self.listener.set_input_rate(patch["input_sample_rate"])
         self.config = SessionConfig.model_validate({**self.config.model_dump(), **patch})
         if "turn_detection" in patch:
-            self.listener.set_turn_detection(self.config.turn_detection)
+            self.listener.set_turns(
+                *turn_settings(self.listener.settings, self.config.turn_detection)
+            )
         await self.channel.send(SessionUpdated(session=self.config))
         await self._save()
 
@@ -781,3 +793,17 @@ class Session:
             await self.bus.cancel(self.response.id)
         for task in list(self._children):
             task.cancel()
+
+
+def turn_settings(base: VadSettings, turns: TurnDetection | None) -> tuple[VadSettings, bool]:
+    """The gateway's VAD settings with the session's overrides, and whether silence ends a
+    turn (`server_vad`) or only a commit does (`manual`)."""
+    turns = turns or TurnDetection()
+    update: dict[str, object] = {}
+    if turns.threshold is not None:
+        update["threshold"] = turns.threshold
+    if turns.silence_ms is not None:
+        update["min_silence_ms"] = turns.silence_ms
+    if turns.prefix_padding_ms is not None:
+        update["speech_pad_ms"] = turns.prefix_padding_ms
+    return base.model_copy(update=update), turns.type == "server_vad"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from services.common.settings import BaseServiceSettings, ServerSettings
-from services.common.vad import VadSettings
+from services.common.audio.vad import VadSettings
+from services.common.service.settings import BaseServiceSettings, ServerSettings
 from services.gateway.llm import LlmSettings
 
 

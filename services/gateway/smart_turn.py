@@ -22,9 +22,9 @@ from typing import Any, Final
 
 import numpy as np
 
-from services.common.audio import AudioF32
+from services.common.audio.pcm import AudioF32
 from services.common.errors import EngineUnavailable
-from services.common.packaged import PackagedModel
+from services.common.platform.packaged import PackagedModel
 from services.gateway import metrics
 
 SMART_TURN: Final = PackagedModel(

@@ -12,12 +12,13 @@ import logging
 from pydantic import BaseModel, ValidationError
 from redis.asyncio import Redis
 
-from services.common.auth import DEFAULT_TENANT
-from services.common.bus import Keys, durable_set
+from services.common.bus.connection import REDIS_DOWN
+from services.common.bus.durable import durable_set
+from services.common.bus.keys import Keys
+from services.common.bus.settings import RedisSettings
 from services.common.errors import Forbidden
-from services.common.events import SessionConfig
-from services.common.settings import RedisSettings
-from services.common.worker import REDIS_DOWN
+from services.common.protocol.events import SessionConfig
+from services.common.tenancy import DEFAULT_TENANT
 from services.gateway.agent import Turn
 
 log = logging.getLogger(__name__)

@@ -44,8 +44,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from services.common.audio import AudioF32
-from services.common.vad import VadSettings
+from services.common.audio.pcm import AudioF32
+from services.common.audio.vad import VadSettings
 from services.gateway import metrics
 from services.gateway.agent import Turn
 from services.gateway.settings import GatewaySection

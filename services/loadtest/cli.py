@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any, Final
 
 from services.client.stream import StreamClient
-from services.common.extras import MissingExtra, require_extra
-from services.common.report import write
+from services.common.platform.extras import MissingExtra, require_extra
 from services.loadtest.corpus import CorpusError, Utterance, espeak_corpus, folder_corpus
 from services.loadtest.level import LevelPart, level_report, mark_bottlenecks
 from services.loadtest.progress import ProgressLine
+from services.loadtest.report import write
 from services.loadtest.server import Sample, Services, engine_ms, http_base, server_report
 from services.loadtest.user import UserPlan, Window
 from services.loadtest.workers import Workers, run_local, split

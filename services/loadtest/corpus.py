@@ -14,7 +14,7 @@ from typing import Final
 import numpy as np
 
 from services.client.stream import read_wav
-from services.common.audio import AudioF32, resample
+from services.common.audio.pcm import AudioF32, resample
 
 RATE: Final = 16000
 SENTENCES: Final = (

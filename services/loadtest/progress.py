@@ -10,7 +10,7 @@ import sys
 import time
 from typing import Final, TextIO
 
-from services.common.report import percentile
+from services.common.stats import percentile
 from services.loadtest.user import Window
 from services.loadtest.workers import Snapshot
 

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Final
 
-from services.common.report import percentile
+from services.common.stats import percentile
 from services.loadtest.contract import Conversation, Response, Utterance
 
 STAGES: Final = (

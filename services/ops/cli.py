@@ -30,8 +30,8 @@ from typing import Any
 
 import httpx
 
-from services.common.auth import is_loopback
-from services.common.extras import MissingExtra
+from services.common.auth.credentials import is_loopback
+from services.common.platform.extras import MissingExtra
 from services.loadtest.cli import add_loadtest_command
 from services.ops.doctor import add_parser as add_doctor_command
 from services.ops.keys import add_keys_command

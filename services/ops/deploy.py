@@ -23,7 +23,7 @@ from typing import Any
 DEPLOY_DIR = Path(__file__).resolve().parents[2] / "deploy"
 NGINX_TEMPLATE = DEPLOY_DIR / "nginx" / "voice-agent.conf"
 WS_PING_INTERVAL_S = 20
-"""uvicorn's WebSocket ping interval (services/common/serve.py): read timeouts exceed it."""
+"""uvicorn's WebSocket ping interval (common/service/server.py): read timeouts exceed it."""
 
 _VARIABLE = re.compile(r"\$\{([A-Z][A-Z0-9_]*)\}")
 _ADDRESS = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(:\d{1,5})?$")

@@ -22,10 +22,10 @@ import redis
 from redis.sentinel import Sentinel
 
 from services.asr.settings import AsrSettings
-from services.common import gpu
-from services.common.bus import parse_url
+from services.common.bus.connection import parse_url
 from services.common.errors import EngineUnavailable
-from services.common.packaged import PackagedModel
+from services.common.platform import gpu
+from services.common.platform.packaged import PackagedModel
 from services.ops.deploy import (
     NginxSite,
     check_nginx,

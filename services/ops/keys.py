@@ -12,10 +12,10 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from services.common.auth import Limits
-from services.common.bus import connect
+from services.common.auth.api_keys import ApiKey, KeyStore
+from services.common.auth.settings import Limits
+from services.common.bus.connection import connect
 from services.common.errors import VoiceAgentError
-from services.common.keys import ApiKey, KeyStore
 from services.ops.registry import load_settings
 
 LIMIT_FLAGS = {

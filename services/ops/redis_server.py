@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
-from services.common.bus import parse_url
+from services.common.bus.connection import parse_url
 
 
 def redis_binary() -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.asr.settings import AsrSettings
-from services.common.settings import BaseServiceSettings, ServerSettings
+from services.common.service.settings import BaseServiceSettings, ServerSettings
 from services.gateway.settings import GatewaySettings
 from services.tts.settings import TtsSettings
 

@@ -3,7 +3,7 @@ the voice_to_voice and barge_in benchmarks."""
 
 from __future__ import annotations
 
-from services.common.report import percentile
+from services.common.stats import percentile
 from services.loadtest.stats import STAGES
 from services.plan.figures import Figure, derived, fmt, measured
 from services.plan.inputs import BargeIn, Loadtest, MeasurementFile, VoiceToVoice

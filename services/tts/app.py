@@ -9,18 +9,14 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, WebSocket
 
-from services.common.bus import (
-    JobStream,
-    Keys,
-    connect,
-    consumed_shards,
-    unique_consumer_name,
-)
-from services.common.devices import cuda_index
-from services.common.lifecycle import Background
-from services.common.service import ServiceState, install_ops
-from services.common.tokens_api import install_auth
-from services.common.worker import JobWorker
+from services.common.auth.tokens_api import install_auth
+from services.common.bus.connection import connect
+from services.common.bus.keys import Keys
+from services.common.bus.streams import JobStream, consumed_shards, unique_consumer_name
+from services.common.bus.worker import JobWorker
+from services.common.platform.devices import cuda_index
+from services.common.service.lifecycle import Background
+from services.common.service.routes import ServiceState, install_ops
 from services.tts.consumer import TtsJobHandler
 from services.tts.engines import create_engine
 from services.tts.engines.base import TtsEngine

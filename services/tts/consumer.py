@@ -9,11 +9,12 @@ from typing import Literal
 from redis.asyncio import Redis
 
 from services.common import metrics
-from services.common.audio import float_to_pcm16, samples_to_ms
-from services.common.bus import Delivery, Keys, is_cancelled, publish
+from services.common.audio.pcm import float_to_pcm16, samples_to_ms
+from services.common.bus.keys import Keys
+from services.common.bus.messages import TtsJob
+from services.common.bus.settings import RedisSettings
+from services.common.bus.streams import Delivery, is_cancelled, publish
 from services.common.errors import VoiceAgentError
-from services.common.jobs import TtsJob
-from services.common.settings import RedisSettings
 from services.tts.metrics import TTS_CANCELLED
 from services.tts.synthesizer import Synthesizer
 

@@ -20,10 +20,10 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.common import metrics
-from services.common.audio import encode_audio, float_to_pcm16, media_type, supported_encodings
+from services.common.audio.pcm import encode_audio, float_to_pcm16, media_type, supported_encodings
+from services.common.auth.guard import principal_of
 from services.common.errors import InvalidMessage
-from services.common.events import NOT_BLANK
-from services.common.guard import principal_of
+from services.common.protocol.events import NOT_BLANK
 from services.tts.engines.base import SpeechRequest
 from services.tts.synthesizer import Synthesizer
 

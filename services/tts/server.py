@@ -8,7 +8,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from services.common.serve import run_service
+from services.common.service.server import run_service
 from services.tts.app import create_app
 from services.tts.settings import TtsSettings
 

@@ -7,8 +7,8 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from services.common.profiles import apply_profile
-from services.common.settings import BaseServiceSettings, EngineSection, ServerSettings
+from services.common.service.profiles import apply_profile
+from services.common.service.settings import BaseServiceSettings, EngineSection, ServerSettings
 
 TOKEN_MS: Final = 40
 """chatterbox makes 25 speech tokens per second of audio."""

@@ -9,10 +9,11 @@ from contextlib import aclosing
 
 from fastapi import WebSocket
 
-from services.common.audio import float_to_pcm16, samples_to_ms
-from services.common.auth import DEFAULT_TENANT, app_subprotocol
+from services.common.audio.pcm import float_to_pcm16, samples_to_ms
+from services.common.auth.credentials import app_subprotocol
+from services.common.auth.guard import principal_of
 from services.common.errors import CapacityError, InvalidMessage, VoiceAgentError
-from services.common.events import (
+from services.common.protocol.events import (
     TTS_CLIENT_EVENTS,
     AudioDone,
     AudioStart,
@@ -21,9 +22,9 @@ from services.common.events import (
     TtsReady,
     parse,
 )
-from services.common.guard import principal_of
-from services.common.service import ServiceState
-from services.common.ws import Channel, Disconnected
+from services.common.service.routes import ServiceState
+from services.common.service.ws import Channel, Disconnected
+from services.common.tenancy import DEFAULT_TENANT
 from services.tts.synthesizer import Synthesizer
 
 MAX_QUEUED = 32

@@ -21,9 +21,9 @@ from typing import Final, Protocol
 
 import numpy as np
 
-from services.common.audio import AudioF32, StreamResampler, ms_to_samples
-from services.common.auth import DEFAULT_TENANT
+from services.common.audio.pcm import AudioF32, StreamResampler, ms_to_samples
 from services.common.errors import CapacityError, UnknownVoice
+from services.common.tenancy import DEFAULT_TENANT
 from services.tts.engines.base import SpeechRequest, TtsEngine
 from services.tts.metrics import TTS_AUDIO_SECONDS, TTS_FIRST_AUDIO, TTS_RTF
 from services.tts.voices import VoiceInfo, VoiceLibrary, is_library_id

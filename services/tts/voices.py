@@ -28,9 +28,10 @@ from typing import Any, Final
 import numpy as np
 from redis.asyncio import Redis
 
-from services.common.audio import AudioF32, decode_file, encode_audio
-from services.common.auth import DEFAULT_TENANT
+from services.common.audio.pcm import AudioF32, decode_file, encode_audio
+from services.common.bus.keys import Keys
 from services.common.errors import InvalidAudio, InvalidMessage
+from services.common.tenancy import DEFAULT_TENANT
 from services.tts.engines.base import LibraryVoice
 from services.tts.settings import VoiceLibrarySettings
 
@@ -154,17 +155,14 @@ class VoiceLibrary:
     def __init__(self, redis: Redis, prefix: str, settings: VoiceLibrarySettings) -> None:
         self.redis = redis
         self.prefix = prefix
+        self.keys = Keys(prefix)
         self.settings = settings
 
     def _key(self, voice_id: str, part: str = "") -> str:
-        return f"{self.prefix}:voice:{voice_id}{part}"
+        return self.keys.voice(voice_id, part)
 
     def _index(self, tenant: str) -> str:
-        """The tenant's set of voice ids (the default tenant's is the one from before
-        tenants, so a library made then stays the default tenant's)."""
-        if tenant == DEFAULT_TENANT:
-            return f"{self.prefix}:voices"
-        return f"{self.prefix}:t:{tenant}:voices"
+        return self.keys.voices(tenant)
 
     def clip_path(self, voice_id: str) -> Path:
         return self.settings.dir / f"{voice_id}.wav"

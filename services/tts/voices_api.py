@@ -14,8 +14,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import JSONResponse
 
+from services.common.auth.guard import principal_of
 from services.common.errors import InvalidMessage, UnknownVoice
-from services.common.guard import principal_of
 from services.tts.synthesizer import OPENAI_VOICES, Synthesizer
 from services.tts.voices import VoiceLibrary, decode_clip
 

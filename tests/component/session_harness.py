@@ -25,12 +25,12 @@ import looptime
 import numpy as np
 from starlette.websockets import WebSocketState
 
-from services.common.audio import pcm16_to_float
-from services.common.events import SessionConfig
-from services.common.jobs import AsrJob, BusResult, TtsJob
-from services.common.listener import Listener
-from services.common.vad import SileroVad, VadSettings
-from services.common.ws import Channel, Disconnected
+from services.common.audio.listener import Listener
+from services.common.audio.pcm import pcm16_to_float
+from services.common.audio.vad import SileroVad, VadSettings
+from services.common.bus.messages import AsrJob, BusResult, TtsJob
+from services.common.protocol.events import SessionConfig
+from services.common.service.ws import Channel, Disconnected
 from services.gateway.agent import AGENTS, Agent
 from services.gateway.bus import GatewayBus
 from services.gateway.session import Session

@@ -11,10 +11,10 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from services.common.auth import AuthSettings
-from services.common.bus import connect
-from services.common.keys import KeyStore
-from services.common.settings import RedisSettings
+from services.common.auth.api_keys import KeyStore
+from services.common.auth.settings import AuthSettings
+from services.common.bus.connection import connect
+from services.common.bus.settings import RedisSettings
 from services.tts.app import create_app
 from services.tts.settings import TtsSection, TtsSettings, VoiceLibrarySettings
 from tests.component.test_voice_library import GOOD, SpyEspeak, library, speech, upload

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from services.common.bus import Delivery, JobStream, Keys, connect, publish
-from services.common.settings import RedisSettings
-from services.common.worker import JobWorker
+from services.common.bus.connection import connect
+from services.common.bus.keys import Keys
+from services.common.bus.settings import RedisSettings
+from services.common.bus.streams import Delivery, JobStream, publish
+from services.common.bus.worker import JobWorker
 from services.ops.redis_server import free_port, start_redis
 from tests.conftest import RedisProc
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from services.common.events import (
+from services.common.protocol.events import (
     OutputAudioClear,
     ResponseAudioDone,
     ResponseCreated,

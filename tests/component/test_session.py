@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from services.common.audio.vad import VadSettings
 from services.common.errors import AgentFailed
-from services.common.runtime import RecentSamples
-from services.common.vad import VadSettings
+from services.common.service.process import RecentSamples
 from services.gateway import metrics
 from services.gateway.agent import Turn
 from services.gateway.settings import GatewaySection

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from redis.asyncio import Redis
 
-from services.common.bus import connect
-from services.common.events import SessionConfig
+from services.common.bus.connection import connect
+from services.common.protocol.events import SessionConfig
 from services.gateway.agent import Turn
 from services.gateway.store import SessionStore
 from services.ops.redis_server import free_port

@@ -8,8 +8,9 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from services.common.bus import Keys, connect
-from services.common.jobs import TtsJob
+from services.common.bus.connection import connect
+from services.common.bus.keys import Keys
+from services.common.bus.messages import TtsJob
 from services.tts.app import create_app
 from services.tts.engines.base import AudioF32, SpeechRequest
 from services.tts.engines.espeak import EspeakEngine

@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from services.common.audio import AudioF32
+from services.common.audio.pcm import AudioF32
 from services.gateway import metrics
 from services.gateway.settings import GatewaySection
 from services.gateway.turn_end import Heard, SilenceOnly, SmartTurn, Transcript

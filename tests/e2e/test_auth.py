@@ -24,13 +24,14 @@ from websockets.exceptions import InvalidStatus
 from services.asr.app import create_app as asr_app
 from services.asr.settings import AsrSettings
 from services.client.stream import StreamClient
-from services.common import auth
-from services.common.audio import encode_audio
-from services.common.auth import AuthSettings, DefaultLimits, Limits, sign_token
-from services.common.bus import Keys
-from services.common.bus import connect as redis_connect
-from services.common.keys import KeyStore
-from services.common.settings import RedisSettings
+from services.common.audio.pcm import encode_audio
+from services.common.auth import credentials as auth
+from services.common.auth.api_keys import KeyStore
+from services.common.auth.credentials import sign_token
+from services.common.auth.settings import AuthSettings, DefaultLimits, Limits
+from services.common.bus.connection import connect as redis_connect
+from services.common.bus.keys import Keys
+from services.common.bus.settings import RedisSettings
 from services.gateway.app import create_app as gateway_app
 from services.gateway.settings import GatewaySettings
 from services.tts.app import create_app as tts_app

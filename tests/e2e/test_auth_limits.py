@@ -14,11 +14,11 @@ import pytest
 from pydantic import SecretStr
 from websockets.exceptions import InvalidStatus
 
-from services.common.auth import AuthSettings, Limits
-from services.common.bus import connect as redis_connect
+from services.common.auth.limits import Limiter
+from services.common.auth.settings import AuthSettings, Limits
+from services.common.bus.connection import connect as redis_connect
+from services.common.bus.settings import RedisSettings
 from services.common.errors import RateLimited
-from services.common.limits import Limiter
-from services.common.settings import RedisSettings
 from services.gateway.app import create_app
 from services.gateway.settings import GatewaySettings
 from tests.conftest import RedisProc

@@ -17,7 +17,8 @@ from websockets.sync.client import connect
 
 from services.asr.app import create_app as asr_app
 from services.asr.settings import AsrSettings
-from services.common.auth import APP_SUBPROTOCOL, TOKEN_SUBPROTOCOL, AuthSettings, sign_token
+from services.common.auth.credentials import APP_SUBPROTOCOL, TOKEN_SUBPROTOCOL, sign_token
+from services.common.auth.settings import AuthSettings
 from services.gateway.app import create_app as gateway_app
 from services.gateway.llm import LlmSettings
 from services.gateway.settings import GatewaySettings

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from websockets.asyncio.client import ClientConnection
 
-from services.common.audio import encode_audio
+from services.common.audio.pcm import encode_audio
 from tests.conftest import Stack
 from tests.e2e.wire import (
     Json,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from services.client.stream import StreamClient
-from services.common.audio import pcm16_to_float
+from services.common.audio.pcm import pcm16_to_float
 from tests.conftest import Stack
 from tests.speech import speak
 

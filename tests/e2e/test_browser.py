@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from services.client.stream import StreamClient
-from services.common.audio import float_to_pcm16
+from services.common.audio.pcm import float_to_pcm16
 from tests.conftest import RedisProc, Stack
 from tests.servers import ServerThread
 from tests.speech import speak

@@ -12,8 +12,9 @@ import pytest
 import websockets
 from redis.asyncio import Redis
 
-from services.common.auth import AuthSettings, is_loopback
-from services.common.guard import AuthGuard
+from services.common.auth.credentials import is_loopback
+from services.common.auth.guard import AuthGuard
+from services.common.auth.settings import AuthSettings
 from services.gateway.app import create_app
 from services.gateway.settings import GatewaySettings
 from services.ops.cli import main as cli_main

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from services.client.stream import StreamClient
-from services.common.audio import pcm16_to_float
+from services.common.audio.pcm import pcm16_to_float
 from tests.conftest import RedisProc, Stack, start_stack
 from tests.speech import speak
 

@@ -6,7 +6,7 @@ import asyncio
 from pathlib import Path
 
 from services.client.stream import StreamClient, talk, write_wav
-from services.common.audio import float_to_pcm16
+from services.common.audio.pcm import float_to_pcm16
 from services.gateway.app import create_app
 from services.gateway.settings import GatewaySettings
 from tests.conftest import Stack

@@ -15,7 +15,7 @@ import numpy as np
 from websockets.asyncio.server import ServerConnection, serve
 
 from services.client.stream import write_wav
-from services.common.vad import VadSettings
+from services.common.audio.vad import VadSettings
 from services.loadtest.cli import main
 from services.ops.redis_server import free_port
 from tests.conftest import Stack

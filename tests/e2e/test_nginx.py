@@ -24,7 +24,7 @@ import websockets
 from websockets.exceptions import InvalidStatus
 
 from services.client.stream import StreamClient
-from services.common.audio import encode_audio
+from services.common.audio.pcm import encode_audio
 from services.gateway.app import create_app as gateway_app
 from services.gateway.settings import GatewaySection, GatewaySettings
 from services.ops.deploy import (

@@ -19,7 +19,8 @@ import websockets
 from pydantic import SecretStr
 from websockets.exceptions import InvalidStatus
 
-from services.common.auth import APP_SUBPROTOCOL, TOKEN_SUBPROTOCOL, AuthSettings
+from services.common.auth.credentials import APP_SUBPROTOCOL, TOKEN_SUBPROTOCOL
+from services.common.auth.settings import AuthSettings
 from services.gateway.app import create_app
 from services.gateway.settings import GatewaySettings
 from services.ops.deploy import NginxSite, nginx_binary, nginx_command, prepare_dirs, render_nginx

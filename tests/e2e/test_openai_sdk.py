@@ -13,7 +13,7 @@ import numpy.typing as npt
 import openai
 import pytest
 
-from services.common.audio import decode_file, encode_audio, pcm16_to_float
+from services.common.audio.pcm import decode_file, encode_audio, pcm16_to_float
 from tests.conftest import Stack
 from tests.e2e.wire import encode_file, recall
 from tests.servers import ServerThread

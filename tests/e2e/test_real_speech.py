@@ -18,7 +18,7 @@ import numpy.typing as npt
 import pytest
 
 from services.client.stream import StreamClient
-from services.common.audio import encode_audio, pcm16_to_float, resample
+from services.common.audio.pcm import encode_audio, pcm16_to_float, resample
 from services.loadtest.corpus import SENTENCES as CORPUS
 from services.loadtest.stats import words
 from services.tts.engines.base import SpeechRequest

@@ -13,7 +13,7 @@ import openai
 import pytest
 import websockets
 
-from services.common.audio import float_to_pcm16
+from services.common.audio.pcm import float_to_pcm16
 from tests.conftest import Stack
 from tests.speech import speak
 

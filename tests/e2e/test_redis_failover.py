@@ -17,7 +17,7 @@ import pytest
 from redis.crc import key_slot
 
 from services.client.stream import StreamClient
-from services.common.bus import Keys
+from services.common.bus.keys import Keys
 from services.ops.doctor_checks import check_redis
 from tests.redis_drill import drill_settings, failover_drill, fake_stack
 from tests.redis_ha import ClusterSet

@@ -17,7 +17,7 @@ import pytest
 import websockets.asyncio.client
 from websockets.asyncio.client import ClientConnection
 
-from services.common.audio import pcm16_to_float
+from services.common.audio.pcm import pcm16_to_float
 from tests.conftest import Stack
 from tests.e2e.wire import Json, connect, recall, recv_json, recv_until, send_json
 from tests.speech import speak, to_pcm16

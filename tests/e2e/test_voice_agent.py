@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from services.client.stream import StreamClient
-from services.common.audio import encode_audio, pcm16_to_float
+from services.common.audio.pcm import encode_audio, pcm16_to_float
 from tests.conftest import Stack
 from tests.e2e.wire import recall
 from tests.speech import speak

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from services.common import audio
+from services.common.audio import pcm as audio
 from services.common.errors import InvalidAudio, UnsupportedSampleRate
 
 

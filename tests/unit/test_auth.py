@@ -11,19 +11,19 @@ import jwt
 import pytest
 from pydantic import SecretStr, ValidationError
 
-from services.common.auth import (
+from services.common.auth.credentials import (
     APP_SUBPROTOCOL,
     TOKEN_SUBPROTOCOL,
-    AuthSettings,
     app_subprotocol,
     credential,
     exposure_problem,
     sign_token,
     verify_token,
 )
+from services.common.auth.redact import redact
+from services.common.auth.settings import AuthSettings
 from services.common.errors import Unauthorized
-from services.common.redact import redact
-from services.common.serve import run_service
+from services.common.service.server import run_service
 from services.gateway.settings import GatewaySettings
 from services.ops import cli
 from tests.conftest import RedisProc

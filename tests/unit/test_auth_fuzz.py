@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from services.common.auth import TOKEN_SUBPROTOCOL, AuthSettings, DefaultLimits, sign_token
-from services.common.bus import connect
-from services.common.guard import AuthGuard
-from services.common.keys import KeyStore
+from services.common.auth.api_keys import KeyStore
+from services.common.auth.credentials import TOKEN_SUBPROTOCOL, sign_token
+from services.common.auth.guard import AuthGuard
+from services.common.auth.settings import AuthSettings, DefaultLimits
+from services.common.bus.connection import connect
 from tests.conftest import RedisProc
 
 CASES = 10_000

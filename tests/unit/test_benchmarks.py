@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from benchmarks import asr_batching, chatterbox_random, report, tts_stream
+from benchmarks import asr_batching, chatterbox_random, tts_stream
 from services.asr.engines.whisper import FasterWhisperEngine
 from services.asr.settings import WhisperSettings
+from services.common.stats import percentile
+from services.loadtest import report
 from tests.tiny_whisper import build_tiny_whisper
 
 
@@ -61,12 +63,13 @@ def test_report_records_the_command_and_machine(
     assert body["command"].endswith("--concurrency 1")
     assert body["machine"]["cores"] >= 1 and body["machine"]["cpu"]
     assert body["timestamp"].endswith("Z")
-    assert report.percentile([5.0, 1.0, 3.0], 50) == 3.0
-    assert report.percentile([float(v) for v in range(1, 101)], 7) == 7.0  # no float noise
+    assert percentile([5.0, 1.0, 3.0], 50) == 3.0
+    assert percentile([float(v) for v in range(1, 101)], 7) == 7.0  # no float noise
+    assert percentile([], 50) == 0.0
 
 
 def test_summary_is_nearest_rank_and_rounded() -> None:
-    from benchmarks.report import summary
+    from services.common.stats import summary
 
     values = [float(v) for v in range(1, 21)]  # 1..20
     # nearest rank: p50 → rank ceil(0.5 × 20) = 10 → 10; p95 → rank ceil(0.95 × 20) = 19 → 19

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from services.common.errors import InvalidMessage, UnsupportedSampleRate
-from services.common.events import (
+from services.common.protocol.events import (
     ASR_CLIENT_EVENTS,
     CLIENT_EVENTS,
     TTS_CLIENT_EVENTS,

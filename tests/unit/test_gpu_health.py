@@ -12,9 +12,9 @@ import pytest
 from fastapi import FastAPI
 from prometheus_client import REGISTRY
 
-from services.common import gpu
-from services.common.gpu import gpu_report, physical_index
-from services.common.service import ServiceState, install_ops
+from services.common.platform import gpu
+from services.common.platform.gpu import gpu_report, physical_index
+from services.common.service.routes import ServiceState, install_ops
 from tests.fake_nvml import FakeNvml, nvml_installed, two_gpus
 
 SEED_GPU_FIELDS = {"id", "name", "available", "memory_allocated", "memory_reserved", "memory_total"}

@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from services.common.bus.settings import RedisSettings
 from services.common.errors import CapacityError
-from services.common.settings import RedisSettings
 from tests.ops_app import ops_app
 
 

@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel
 
 from services.asr.settings import AsrSettings
-from services.common.settings import BaseServiceSettings
+from services.common.service.settings import BaseServiceSettings
 from services.gateway.settings import GatewaySettings
 from services.ops.cli import parser as cli_parser
 from services.ops.models import MODELS

@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from services.common.lifecycle import Background
+from services.common.service.lifecycle import Background
 
 
 async def test_stop_cancels_and_waits() -> None:

@@ -7,11 +7,11 @@ import asyncio
 import numpy as np
 import pytest
 
-from services.common.audio import float_to_pcm16
+from services.common.audio.listener import HearingBatcher, Listener
+from services.common.audio.pcm import float_to_pcm16
+from services.common.audio.turns import TurnEvent
+from services.common.audio.vad import WINDOW, SileroVad, VadSettings
 from services.common.errors import FrameTooBig, InvalidAudio
-from services.common.listener import HearingBatcher, Listener
-from services.common.turns import TurnEvent
-from services.common.vad import WINDOW, SileroVad, VadSettings
 from tests.speech import speak
 
 SENTENCE = "the weather is nice today"

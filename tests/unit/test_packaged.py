@@ -8,7 +8,7 @@ import pytest
 
 from services.asr.engines.whisper import TINY_EN
 from services.common.errors import EngineUnavailable
-from services.common.packaged import PackagedModel, sha256
+from services.common.platform.packaged import PackagedModel, sha256
 from services.tts.engines.piper import JOE
 
 

@@ -7,7 +7,7 @@ import pytest
 from services.asr.engines import create_engine as create_asr_engine
 from services.asr.engines.fake import FakeAsrEngine
 from services.asr.settings import AsrSection, AsrSettings
-from services.common.profiles import with_defaults
+from services.common.service.profiles import with_defaults
 from services.tts.engines import create_engine as create_tts_engine
 from services.tts.engines.fake import FakeTtsEngine
 from services.tts.settings import TtsSection, TtsSettings

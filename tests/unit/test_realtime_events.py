@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from starlette.websockets import WebSocket
 
-from services.common.auth import credential
+from services.common.audio.turns import SpeechEnd, TurnSegmenter
+from services.common.audio.vad import VadSettings
+from services.common.auth.credentials import credential
 from services.common.errors import UnsupportedSampleRate
-from services.common.turns import SpeechEnd, TurnSegmenter
-from services.common.vad import VadSettings
 from services.gateway import realtime_events as rt
 from services.gateway.handshake import read_handshake
 

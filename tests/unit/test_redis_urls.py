@@ -7,8 +7,10 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
-from services.common.bus import Keys, connect, consumed_shards, parse_url
-from services.common.settings import RedisSettings
+from services.common.bus.connection import connect, parse_url
+from services.common.bus.keys import Keys
+from services.common.bus.settings import RedisSettings
+from services.common.bus.streams import consumed_shards
 
 
 def test_plain_urls_stay_plain() -> None:

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
-from services.common.runtime import LoopLagMonitor, percentile, process_figures, rss_bytes
+from services.common.service.process import LoopLagMonitor, process_figures, rss_bytes
+from services.common.stats import percentile
 
 
 async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:

@@ -12,7 +12,7 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-from services.common.audio import resample
+from services.common.audio.pcm import resample
 from services.common.errors import EngineUnavailable
 from services.gateway import metrics, smart_turn
 from services.gateway.settings import GatewaySection

@@ -10,7 +10,7 @@ from starlette.applications import Starlette
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket
 
-from services.common.upgrade import KeepUpgradeTail
+from services.common.service.upgrade import KeepUpgradeTail
 from tests.e2e.wire import pipelined
 from tests.servers import ServerThread
 

@@ -10,9 +10,15 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from services.common.audio.turns import (
+    SpeechEnd,
+    SpeechPause,
+    SpeechStart,
+    TurnEvent,
+    TurnSegmenter,
+)
+from services.common.audio.vad import WINDOW, SileroVad, VadSettings
 from services.common.errors import EngineUnavailable
-from services.common.turns import SpeechEnd, SpeechPause, SpeechStart, TurnEvent, TurnSegmenter
-from services.common.vad import WINDOW, SileroVad, VadSettings
 from tests.speech import speak
 
 Audio = npt.NDArray[np.float32]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from services.common.audio import encode_audio
+from services.common.audio.pcm import encode_audio
 from services.common.errors import InvalidAudio
 from services.tts.settings import VoiceLibrarySettings
 from services.tts.voices import analyze, decode_clip, is_library_id

@@ -38,8 +38,8 @@ def test_with_auth_on_the_page_loads_and_everything_else_needs_a_credential() ->
     """The page asks for its token, so it must load without one; nothing it talks to may."""
     from redis.asyncio import Redis
 
-    from services.common.auth import AuthSettings
-    from services.common.guard import AuthGuard
+    from services.common.auth.guard import AuthGuard
+    from services.common.auth.settings import AuthSettings
 
     redis = Redis.from_url("redis://127.0.0.1:1/0")  # never reached: no request is made
     guard = AuthGuard(None, AuthSettings(required=True), redis, "va", "gateway")  # type: ignore[arg-type]

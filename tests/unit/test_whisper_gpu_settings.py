@@ -19,8 +19,8 @@ from services.asr.engines import whisper as whisper_module
 from services.asr.engines.base import AsrInput
 from services.asr.engines.whisper import FasterWhisperEngine
 from services.asr.settings import WhisperSettings
-from services.common.devices import choose_gpu, cuda_index, pin_gpu
 from services.common.errors import EngineUnavailable
+from services.common.platform.devices import choose_gpu, cuda_index, pin_gpu
 from tests.tiny_whisper import build_tiny_whisper, offline
 
 NOTIMESTAMPS = 50363

@@ -26,7 +26,7 @@ reads). With `last_word_confidence`, generate also returns each step's logits, a
 result carries the log-probability of its last word (the sum over its tokens).
 
 On a GPU: `gpu` (physical) or `device_index` (visible) picks the device without
-ever asking for `cuda:1` in a process that sees one GPU (services/common/devices.py);
+ever asking for `cuda:1` in a process that sees one GPU (services/common/platform/devices.py);
 `compute_type` is float16 by default (int8_float16 and int8 trade a little accuracy
 for memory); `CT2_CUDA_ALLOCATOR=cub_caching` is set unless the environment says
 otherwise; and `load` runs a warm-up so the first user does not pay for CUDA's lazy
@@ -48,9 +48,9 @@ import numpy as np
 
 from services.asr.engines.base import AsrInput, AudioF32, Interrupted, Transcript
 from services.asr.settings import WhisperSettings
-from services.common.devices import VISIBLE, pin_gpu
 from services.common.errors import EngineUnavailable, InvalidAudio
-from services.common.packaged import PackagedModel
+from services.common.platform.devices import VISIBLE, pin_gpu
+from services.common.platform.packaged import PackagedModel
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from services.common.devices import pin_gpu
 from services.common.errors import EngineUnavailable, UnknownVoice
+from services.common.platform.devices import pin_gpu
 from services.tts.engines.base import AudioF32, LibraryVoice, SpeechRequest
 from services.tts.engines.streaming import CrossFader, FairLock, Segment, TokenChunker
 from services.tts.settings import TOKEN_MS, ChatterboxSettings

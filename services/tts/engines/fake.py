@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from services.common.audio import ms_to_samples
+from services.common.audio.pcm import ms_to_samples
 from services.tts.engines.base import AudioF32, LibraryVoice, SpeechRequest
 from services.tts.settings import FakeTtsSettings
 

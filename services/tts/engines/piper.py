@@ -25,9 +25,9 @@ from typing import Any, Final, Literal
 
 import numpy as np
 
-from services.common.audio import resample, speech_end
+from services.common.audio.pcm import resample, speech_end
 from services.common.errors import EngineUnavailable, UnknownVoice
-from services.common.packaged import PackagedModel
+from services.common.platform.packaged import PackagedModel
 from services.tts.engines.base import AudioF32, LibraryVoice, SpeechRequest
 from services.tts.settings import PiperSettings
 

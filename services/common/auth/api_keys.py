@@ -11,17 +11,18 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from services.common.auth import (
-    TENANT,
-    Limits,
+from services.common.auth.credentials import (
     Principal,
     hash_matches,
     new_key,
     split_key,
     verify_token,
 )
-from services.common.bus import is_cluster
+from services.common.auth.settings import Limits
+from services.common.bus.connection import is_cluster
+from services.common.bus.keys import Keys
 from services.common.errors import InvalidMessage, Unauthorized
+from services.common.tenancy import TENANT
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,14 +57,15 @@ class KeyStore:
     def __init__(self, redis: Redis, prefix: str, token_secret: str = "") -> None:
         self.redis = redis
         self.prefix = prefix
+        self.keys = Keys(prefix)
         self._secret = token_secret.encode() if token_secret else b""
 
     def _key(self, key_id: str) -> str:
-        return f"{self.prefix}:auth:key:{key_id}"
+        return self.keys.api_key(key_id)
 
     @property
     def _index(self) -> str:
-        return f"{self.prefix}:auth:keys"
+        return self.keys.api_key_index()
 
     async def create(
         self, tenant: str, name: str, limits: Limits | None = None
@@ -141,7 +143,7 @@ class KeyStore:
     async def signing_secret(self) -> bytes:
         """The token secret: the setting, else one made once and kept in Redis."""
         if not self._secret:
-            name = f"{self.prefix}:auth:signing_secret"
+            name = self.keys.signing_secret()
             await self.redis.set(name, secrets.token_urlsafe(48), nx=True)
             stored = await self.redis.get(name)
             if stored is None:

@@ -17,11 +17,11 @@ import resource
 import sys
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
-from services.common import report
 from services.common.metrics import EVENT_LOOP_LAG
+from services.common.stats import percentile
 
 
 class RecentSamples:
@@ -85,11 +85,6 @@ class LoopLagMonitor:
         """Lag over the last `window_s` seconds in milliseconds: p50, p99, max, sample count
         (all 0 with no samples yet)."""
         return self._samples.summary(window_s)
-
-
-def percentile(values: Sequence[float], pct: float) -> float:
-    """Nearest-rank percentile, as every report computes it; 0.0 when there are none."""
-    return report.percentile(values, pct) if values else 0.0
 
 
 def _ms(seconds: float) -> float:

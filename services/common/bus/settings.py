@@ -1,22 +1,8 @@
-"""Settings shared by every service: Redis, HTTP serving, and the base settings class.
-
-Every service has one validated settings object (a subclass of `BaseServiceSettings`)
-read from the environment with the prefix `VA_` and `__` between nested sections,
-e.g. `VA_REDIS__URL=redis://host:6379/0` or `VA_ASR__ENGINE=faster-whisper`.
-Tests construct settings directly; nothing reads the environment at import time.
-"""
+"""How to reach the Redis bus and how to use its streams (`VA_REDIS__*`)."""
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import BaseModel, Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
-
-from services.common.auth import AuthSettings
-
-Profile = Literal["lite", "dual-gpu", "fake"]
-ALLOWED_SAMPLE_RATES = (8000, 16000, 24000, 48000)
 
 
 class RedisSettings(BaseModel):
@@ -54,41 +40,3 @@ class RedisSettings(BaseModel):
     failover_retries: int = Field(default=20, ge=1, le=1000)
     """With a Sentinel or Cluster URL: how many times a command is retried (backoff 50 ms
     doubling to 0.5 s, about 9 s in all by default) while a failover is under way."""
-
-
-class ServerSettings(BaseModel):
-    """Where a service listens."""
-
-    host: str = "127.0.0.1"
-    """Bind address."""
-    port: int = Field(default=8000, ge=1, le=65535)
-    """TCP port."""
-    ws_max_frame_bytes: int = Field(default=1 << 20, ge=1024, le=16 << 20)
-    """Hard cap on one WebSocket frame (close 1009 above it)."""
-    drain_timeout_s: float = Field(default=20.0, ge=0, le=600)
-    """On shutdown, how long open sessions get to finish."""
-
-
-class EngineSection(BaseModel):
-    """A service's own section: it names the engine the service runs."""
-
-    engine: str
-    """Engine name."""
-
-
-class BaseServiceSettings(BaseSettings):
-    """Base of every service's settings: env prefix `VA_`, nested sections with `__`."""
-
-    model_config = SettingsConfigDict(
-        env_prefix="VA_", env_nested_delimiter="__", extra="ignore", env_file=None
-    )
-
-    profile: Profile = "lite"
-    """`lite` (embedded CPU engines), `dual-gpu` (faster-whisper GPU 0, chatterbox GPU 1) or
-    `fake` (instant fake ASR and TTS, to measure what the gateway and Redis add)."""
-    redis: RedisSettings = RedisSettings()
-    """The Redis bus."""
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
-    """Log level."""
-    auth: AuthSettings = AuthSettings()
-    """Authentication, tenants and abuse limits (docs/auth.md)."""

@@ -12,24 +12,15 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from redis.exceptions import ClusterDownError, ReadOnlyError, ResponseError, TryAgainError
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import ResponseError
 
-from services.common.bus import Delivery, JobStream, Keys
+from services.common.bus.connection import REDIS_DOWN
+from services.common.bus.keys import Keys
+from services.common.bus.streams import Delivery, JobStream
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Delivery], Awaitable[None]]
-# Redis out of reach, or a failover under way (a demoted master, a cluster settling)
-REDIS_DOWN = (
-    RedisConnectionError,
-    RedisTimeoutError,
-    ClusterDownError,
-    TryAgainError,
-    ReadOnlyError,
-    OSError,
-)
 
 
 def job_id_of(delivery: Delivery) -> str | None:

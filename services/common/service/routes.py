@@ -17,16 +17,16 @@ from redis.asyncio import Redis
 from starlette.exceptions import HTTPException
 
 from services.common import metrics
+from services.common.audio.pcm import ALLOWED_SAMPLE_RATES
+from services.common.auth.guard import BRIEF_HEALTH, retry_headers
 from services.common.errors import (
     InvalidMessage,
     UnsupportedSampleRate,
     VoiceAgentError,
 )
-from services.common.gpu import gpu_report
-from services.common.guard import BRIEF_HEALTH, retry_headers
-from services.common.runtime import LoopLagMonitor, RecentSamples, process_figures
-from services.common.settings import ALLOWED_SAMPLE_RATES
-from services.common.ws import Channel
+from services.common.platform.gpu import gpu_report
+from services.common.service.process import LoopLagMonitor, RecentSamples, process_figures
+from services.common.service.ws import Channel
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from services.common.devices import VISIBLE, visible_gpus
+from services.common.platform.devices import VISIBLE, visible_gpus
 
 log = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ from typing import Any, TypeVar
 
 import uvicorn
 
-from services.common.auth import exposure_problem
-from services.common.redact import install_redaction
-from services.common.settings import BaseServiceSettings, ServerSettings
-from services.common.upgrade import KeepUpgradeTail
+from services.common.auth.credentials import exposure_problem
+from services.common.auth.redact import install_redaction
+from services.common.service.settings import BaseServiceSettings, ServerSettings
+from services.common.service.upgrade import KeepUpgradeTail
 
 S = TypeVar("S", bound=BaseServiceSettings)
 

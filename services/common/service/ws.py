@@ -10,7 +10,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from services.common import metrics
 from services.common.errors import FrameTooBig, VoiceAgentError
-from services.common.events import ErrorEvent, Event
+from services.common.protocol.events import ErrorEvent, Event
 
 log = logging.getLogger(__name__)
 

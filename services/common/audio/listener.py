@@ -10,11 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from services.common.audio import AudioF32, StreamResampler, check_sample_rate, pcm16_to_float
+from services.common.audio.pcm import AudioF32, StreamResampler, check_sample_rate, pcm16_to_float
+from services.common.audio.turns import SpeechEnd, TurnEvent, TurnSegmenter
+from services.common.audio.vad import SileroVad, VadSettings, VadStream
 from services.common.errors import FrameTooBig, InvalidAudio
-from services.common.events import TurnDetection
-from services.common.turns import SpeechEnd, TurnEvent, TurnSegmenter
-from services.common.vad import SileroVad, VadSettings, VadStream
 
 VAD_RATE = 16000
 
@@ -115,18 +114,10 @@ class Listener:
             self.input_rate = rate
             self._resampler = StreamResampler(rate, VAD_RATE)
 
-    def set_turn_detection(self, turns: TurnDetection | None) -> None:
-        """Per-session turn ending: the gateway's VAD settings with the session's overrides."""
-        turns = turns or TurnDetection()
-        update: dict[str, object] = {}
-        if turns.threshold is not None:
-            update["threshold"] = turns.threshold
-        if turns.silence_ms is not None:
-            update["min_silence_ms"] = turns.silence_ms
-        if turns.prefix_padding_ms is not None:
-            update["speech_pad_ms"] = turns.prefix_padding_ms
-        settings = self.settings.model_copy(update=update)
-        self.segmenter.reconfigure(settings, auto_end=turns.type == "server_vad")
+    def set_turns(self, settings: VadSettings, auto_end: bool = True) -> None:
+        """Per-session turn ending: these VAD settings; `auto_end` False ends turns only
+        when the caller says (a manual commit)."""
+        self.segmenter.reconfigure(settings, auto_end=auto_end)
 
     def max_frame_bytes(self) -> int:
         """The largest audio frame the contract allows: one second at the input rate."""

@@ -15,6 +15,7 @@ from typing import Final
 
 from redis.asyncio import Redis
 
+from services.common.bus.keys import Keys
 from services.common.errors import QuotaExceeded, RateLimited
 
 _WINDOW: Final = """
@@ -63,6 +64,7 @@ class Limiter:
     def __init__(self, redis: Redis, prefix: str) -> None:
         self.redis = redis
         self.prefix = prefix
+        self.keys = Keys(prefix)
         self._window = redis.register_script(_WINDOW)
         self._acquire = redis.register_script(_ACQUIRE)
         self._refresh = redis.register_script(_REFRESH)
@@ -72,7 +74,7 @@ class Limiter:
         """Count one event of `kind`; RateLimited when it is one too many in the window."""
         if limit is None:
             return
-        key = f"{self.prefix}:auth:rate:{tenant}:{kind}"
+        key = self.keys.rate(tenant, kind)
         count, ttl = await self._window(keys=[key], args=[window_s])
         if int(count) > limit:
             raise RateLimited(
@@ -82,7 +84,7 @@ class Limiter:
             )
 
     def _live(self, tenant: str) -> str:
-        return f"{self.prefix}:auth:live:{tenant}"
+        return self.keys.live_sessions(tenant)
 
     async def open_session(self, tenant: str, limit: int | None, session: str) -> None:
         """Take a concurrent-session lease; RateLimited when the tenant has `limit` live."""
@@ -104,7 +106,7 @@ class Limiter:
         return int(await self.redis.zcard(self._live(tenant)))
 
     def _audio(self, tenant: str) -> str:
-        return f"{self.prefix}:auth:audio:{tenant}:{_day()}"
+        return self.keys.audio_used(tenant, _day())
 
     async def audio_used_ms(self, tenant: str) -> int:
         return int(await self.redis.get(self._audio(tenant)) or 0)

@@ -24,11 +24,12 @@ from starlette.requests import HTTPConnection
 from starlette.websockets import WebSocket
 
 from services.common import metrics
-from services.common.auth import ANONYMOUS, AuthSettings, Principal, credential, is_loopback
+from services.common.auth.api_keys import KeyStore
+from services.common.auth.credentials import ANONYMOUS, Principal, credential, is_loopback
+from services.common.auth.limits import LEASE_S, NO_METER, AudioMeter, Limiter
+from services.common.auth.settings import AuthSettings
+from services.common.bus.connection import REDIS_DOWN
 from services.common.errors import Forbidden, Unauthorized, VoiceAgentError
-from services.common.keys import KeyStore
-from services.common.limits import LEASE_S, NO_METER, AudioMeter, Limiter
-from services.common.worker import REDIS_DOWN
 
 log = logging.getLogger(__name__)
 

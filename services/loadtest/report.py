@@ -1,13 +1,12 @@
 """What every measurement records beside its numbers: command, machine, versions, time.
 
-Shared by the benchmarks (`benchmarks/report.py` re-exports it) and `voice-agent loadtest`.
+Shared by the benchmarks and `voice-agent loadtest` (the percentiles are `services.common.stats`).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import json
-import math
 import os
 import platform
 import shlex
@@ -15,7 +14,6 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,24 +76,6 @@ def _module() -> str:
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
     return spec.name if spec is not None else Path(sys.argv[0]).stem
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile: the smallest value with at least `q` % of them at or below
-    it (no interpolation: every reported value was measured)."""
-    ordered = sorted(values)
-    rank = math.ceil(q * len(ordered) / 100)  # q × n first: 7 / 100 × 100 is 7.000000000000001
-    return ordered[min(max(rank, 1), len(ordered)) - 1]
-
-
-def summary(values: list[float]) -> dict[str, float]:
-    """p50, p95, min and max of a run's measurements, rounded to 0.1."""
-    return {
-        "p50": round(percentile(values, 50), 1),
-        "p95": round(percentile(values, 95), 1),
-        "min": round(min(values), 1),
-        "max": round(max(values), 1),
-    }
 
 
 def stamped(body: dict[str, Any], command_line: str | None = None) -> dict[str, Any]:

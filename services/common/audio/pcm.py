@@ -14,9 +14,11 @@ import numpy.typing as npt
 import soxr
 
 from services.common.errors import InvalidAudio, UnsupportedSampleRate
-from services.common.settings import ALLOWED_SAMPLE_RATES
 
 AudioF32 = npt.NDArray[np.float32]
+
+ALLOWED_SAMPLE_RATES: Final = (8000, 16000, 24000, 48000)
+"""The PCM16 sample rates the wire contract accepts (docs/protocol.md)."""
 
 _INT16_SCALE: Final = 32768.0
 SILENT: Final = 0.01

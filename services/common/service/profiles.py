@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from services.common.settings import EngineSection, Profile
+from services.common.service.settings import EngineSection, Profile
 
 M = TypeVar("M", bound=BaseModel)
 S = TypeVar("S", bound=EngineSection)

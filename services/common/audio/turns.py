@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from services.common.vad import SAMPLE_RATE, WINDOW, Audio, VadSettings
+from services.common.audio.vad import SAMPLE_RATE, WINDOW, Audio, VadSettings
 
 _PER_MS = SAMPLE_RATE // 1000
 

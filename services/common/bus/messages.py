@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from services.common.auth import DEFAULT_TENANT
+from services.common.tenancy import DEFAULT_TENANT
 
 
 class BusMessage(BaseModel):

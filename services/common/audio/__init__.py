@@ -1,0 +1,1 @@
+"""Audio: PCM formats and resampling, voice activity, turn segmentation, the shared listener."""

@@ -1,0 +1,1 @@
+"""Who may call: credentials, API keys, limits, the guard at every entry point, redaction."""

@@ -1,0 +1,227 @@
+"""Reaching Redis: bus URLs (plain, Sentinel, Cluster) and a client that rides out failovers.
+
+`redis+sentinel://` URLs go through redis-py's Sentinel (the master is re-resolved on every
+reconnect), `redis+cluster://` URLs through RedisCluster (docs/redis-ha.md). The client's
+socket timeout exceeds the blocking reads' BLOCK. `REDIS_DOWN` is what "Redis is out of
+reach, or a failover is under way" looks like to a caller.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, cast
+from urllib.parse import parse_qs, unquote, urlparse
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.connection import Connection, SSLConnection
+from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import (
+    Sentinel,
+    SentinelManagedConnection,
+    SentinelManagedSSLConnection,
+)
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ClusterDownError, ReadOnlyError, TryAgainError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from services.common.bus.settings import RedisSettings
+
+REDIS_DOWN = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    ClusterDownError,
+    TryAgainError,
+    ReadOnlyError,
+    OSError,
+)
+"""Redis out of reach, or a failover under way (a demoted master, a cluster settling)."""
+
+SENTINEL_SCHEME = "redis+sentinel"
+CLUSTER_SCHEME = "redis+cluster"
+
+
+@dataclass(frozen=True, slots=True)
+class RedisTarget:
+    """What a bus URL names: plain Redis, a Sentinel-watched master, or a Cluster."""
+
+    kind: str  # "plain", "sentinel" or "cluster"
+    hosts: tuple[tuple[str, int], ...] = ()
+    service: str = ""
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    tls: bool = False
+
+
+def parse_url(url: str) -> RedisTarget:
+    """Parse `redis://`, `rediss://`, `redis+sentinel://h1:26379,h2:26379/mymaster/0`
+    or `redis+cluster://h1:7000,h2:7001/`; `?tls=1` turns TLS on for the HA forms."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise ValueError(f"not a Redis URL: {url!r}")
+    if scheme in ("redis", "rediss", "unix"):
+        return RedisTarget("plain")
+    if scheme not in (SENTINEL_SCHEME, CLUSTER_SCHEME):
+        raise ValueError(f"unsupported Redis URL scheme {scheme!r}")
+    auth, _, hostpart = rest.rpartition("@") if "@" in rest.split("/", 1)[0] else ("", "", rest)
+    netloc, _, pathq = hostpart.partition("/")
+    path, _, query = pathq.partition("?")
+    hosts: list[tuple[str, int]] = []
+    default_port = 26379 if scheme == SENTINEL_SCHEME else 6379
+    for item in netloc.split(","):
+        if not item:
+            continue
+        parsed = urlparse(f"//{item}")
+        hosts.append((parsed.hostname or "127.0.0.1", parsed.port or default_port))
+    if not hosts:
+        raise ValueError(f"no hosts in {url!r}")
+    user, _, password = auth.partition(":") if auth else ("", "", "")
+    parts = [p for p in path.split("/") if p]
+    options = parse_qs(query)
+    tls = options.get("tls", ["0"])[0] in ("1", "true", "yes")
+    if scheme == SENTINEL_SCHEME:
+        if not parts:
+            raise ValueError(f"a sentinel URL names its master: {url!r}")
+        db = int(parts[1]) if len(parts) > 1 else 0
+        return RedisTarget(
+            "sentinel",
+            tuple(hosts),
+            parts[0],
+            db,
+            unquote(user) or None,
+            unquote(password) or None,
+            tls,
+        )
+    if parts and parts[0] != "0":
+        raise ValueError("Redis Cluster has only database 0")
+    return RedisTarget(
+        "cluster", tuple(hosts), "", 0, unquote(user) or None, unquote(password) or None, tls
+    )
+
+
+class _WriteGuard(Connection):
+    """Turns the transport errors a write on a connection the peer (or a concurrent
+    disconnect) closed can raise into `ConnectionError`, which the retries cover; asyncio
+    raises RuntimeError/AttributeError/TypeError there (redis/redis-py#4287)."""
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        try:
+            await super().send_packed_command(command, check_health)
+        except (RuntimeError, AttributeError, TypeError) as exc:
+            with contextlib.suppress(Exception):
+                await self.disconnect(nowait=True)
+            raise RedisConnectionError(f"connection lost while writing: {exc!r}") from exc
+
+
+class _WriteGuardSSL(_WriteGuard, SSLConnection):
+    pass
+
+
+class _MasterConnection(_WriteGuard, SentinelManagedConnection):
+    """A Sentinel-managed connection that asks the sentinels for the master on *every*
+    reconnect. redis-py 8.1's own reconnects a dropped connection from inside a command's
+    retry (`send_packed_command` -> `connect_check_health`) to the address it had, the
+    dead master's, until the retries run out; this asks again each time."""
+
+    async def connect_check_health(
+        self, check_health: bool = True, retry_socket_connect: bool = True
+    ) -> None:
+        if self.is_connected:
+            return
+        if self.connection_pool.is_master:
+            self.host, self.port = await self.connection_pool.get_master_address()
+        await super().connect_check_health(check_health, retry_socket_connect=False)
+
+
+class _MasterSSLConnection(_MasterConnection, SentinelManagedSSLConnection):
+    pass
+
+
+class _SentinelRedis(Redis):
+    """The master's client; closing it closes the clients of the sentinels too."""
+
+    sentinel_manager: Sentinel | None = None
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)
+        if self.sentinel_manager is not None:
+            for client in self.sentinel_manager.sentinels:
+                with contextlib.suppress(Exception):
+                    await client.aclose()
+
+
+def connect(settings: RedisSettings) -> Redis:
+    """A redis-py asyncio client whose socket timeout exceeds the blocking reads.
+
+    A dropped connection (a Redis restart, a failover) is retried with backoff before
+    the error reaches the caller: a few times for a plain URL, long enough to ride out
+    a Sentinel or Cluster failover (`failover_retries`) for the HA URLs. A RedisCluster
+    is returned typed as `Redis`: it answers every command the bus uses.
+    """
+    timeout = settings.block_ms / 1000 + 5.0
+    target = parse_url(settings.url)
+    if target.kind == "plain":
+        return Redis.from_url(
+            settings.url,
+            retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=3),
+            retry_on_error=[RedisConnectionError, RedisTimeoutError],
+            socket_timeout=timeout,
+            socket_connect_timeout=5.0,
+            health_check_interval=30,
+            decode_responses=False,
+        )
+    retry = Retry(
+        ExponentialBackoff(cap=0.5, base=0.05),
+        retries=settings.failover_retries,
+        supported_errors=(RedisConnectionError, RedisTimeoutError, ReadOnlyError),
+    )
+    common: dict[str, Any] = {
+        "username": target.username,
+        "password": target.password,
+        "socket_timeout": timeout,
+        "socket_connect_timeout": 2.0,
+        "decode_responses": False,
+        "retry": retry,
+    }
+    if target.tls:
+        common["ssl"] = True
+    if target.kind == "sentinel":
+        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+            list(target.hosts),
+            sentinel_kwargs={
+                "socket_timeout": 2.0,
+                "socket_connect_timeout": 2.0,
+                "password": target.password,
+                **({"ssl": True} if target.tls else {}),
+            },
+        )
+        client: _SentinelRedis = sentinel.master_for(
+            target.service,
+            redis_class=_SentinelRedis,
+            db=target.db,
+            retry_on_error=[RedisConnectionError, RedisTimeoutError, ReadOnlyError],
+            health_check_interval=30,
+            connection_class=_MasterSSLConnection if target.tls else _MasterConnection,
+            **common,
+        )
+        client.sentinel_manager = sentinel
+        return client
+    cluster = RedisCluster(
+        startup_nodes=[ClusterNode(host, port) for host, port in target.hosts],
+        # with `retry`, the cluster client refreshes its slot map and retries on
+        # connection errors (failover_retries times)
+        **common,
+    )
+    # RedisCluster takes no connection_class: set it where its nodes read it
+    guard = _WriteGuardSSL if target.tls else _WriteGuard
+    cluster.connection_kwargs["connection_class"] = guard
+    for node in cluster.startup_nodes:
+        node.connection_class = guard
+    return cast(Redis, cluster)
+
+
+def is_cluster(redis: Redis) -> bool:
+    return isinstance(redis, RedisCluster)

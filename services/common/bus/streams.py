@@ -1,0 +1,196 @@
+"""The Redis bus: job streams with consumer groups, reply streams, cancellation marks.
+
+Semantics (see ARCHITECTURE.md and docs/redis-ha.md):
+- a delivered entry stays pending until XACK; a worker that dies leaves it pending and
+  `JobStream.reclaim` (XAUTOCLAIM) hands it to a live worker after `claim_idle_ms`;
+- an entry delivered more than `max_deliveries` times goes to `<stream>:dead`;
+- every job carries an idempotency key (`job_id`): a worker skips a job already marked
+  done, and consumers of results drop repeats, so a reclaimed job never shows twice;
+- streams are trimmed approximately (`MAXLEN ~`) with a generous cap, so trimming
+  reaches only long-acknowledged entries;
+- the client's socket timeout exceeds BLOCK, and every consumer name is unique.
+
+High availability (docs/redis-ha.md): `redis+sentinel://` URLs go through redis-py's
+Sentinel (the master is re-resolved on every reconnect), `redis+cluster://` URLs through
+RedisCluster; job streams can be sharded (`shards`), each shard under its own hash tag,
+and writes whose loss would lose a user's turn are followed by `WAIT` (`wait_replicas`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from services.common.bus.durable import Fields, durable_write, xadd_command
+from services.common.bus.keys import Keys, dead_letter
+from services.common.bus.settings import RedisSettings
+
+log = logging.getLogger(__name__)
+
+
+def consumed_shards(settings: RedisSettings) -> list[int]:
+    """The job-stream shards a worker of these settings reads."""
+    every = list(range(settings.shards))
+    if settings.consume_shards is None:
+        return every
+    chosen = sorted({s for s in settings.consume_shards if 0 <= s < settings.shards})
+    if not chosen:
+        raise ValueError(f"consume_shards {settings.consume_shards} names no shard of {every}")
+    return chosen
+
+
+def unique_consumer_name(service: str) -> str:
+    """A consumer name no other process shares: host, pid and a random suffix."""
+    return f"{service}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One job entry handed to this consumer."""
+
+    entry_id: bytes
+    fields: Fields
+
+
+class JobStream:
+    """One job stream seen by one consumer (or by a producer, which needs no group)."""
+
+    def __init__(
+        self, redis: Redis, settings: RedisSettings, stream: str, group: str, consumer: str
+    ) -> None:
+        self.redis = redis
+        self.settings = settings
+        self.stream = stream
+        self.group = group
+        self.consumer = consumer
+        self.dead_stream = dead_letter(stream)
+        self._claim_cursor = b"0-0"
+
+    async def ensure_group(self) -> None:
+        """Create the consumer group (and the stream) if missing."""
+        try:
+            await self.redis.xgroup_create(self.stream, self.group, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    async def submit(self, fields: Fields, durable: bool = False) -> bytes:
+        """Append a job; returns its entry id. `durable`: then WAIT for `wait_replicas`
+        replicas (when set), so a failover right after cannot lose an acknowledged job."""
+        if not durable or self.settings.wait_replicas <= 0:
+            entry_id: Any = await self.redis.xadd(
+                self.stream,
+                fields,  # type: ignore[arg-type]
+                maxlen=self.settings.job_stream_maxlen,
+                approximate=True,
+            )
+            return bytes(entry_id)
+        command = xadd_command(self.stream, fields, self.settings.job_stream_maxlen)
+        replies = await durable_write(self.redis, self.settings, self.stream, [command])
+        return bytes(replies[0])
+
+    async def read(self, count: int, block_ms: int | None = None) -> list[Delivery]:
+        """New jobs for this consumer, waiting up to `block_ms` for the first."""
+        block = self.settings.block_ms if block_ms is None else block_ms
+        reply: Any = await self.redis.xreadgroup(
+            self.group, self.consumer, {self.stream: ">"}, count=count, block=block
+        )
+        if not reply:
+            return []
+        _, entries = reply[0]
+        return [Delivery(entry_id, fields) for entry_id, fields in entries if fields]
+
+    async def reclaim(self, count: int) -> list[Delivery]:
+        """Take over jobs left pending by dead consumers; poison jobs go to the dead stream."""
+        reply: Any = await self.redis.xautoclaim(
+            self.stream,
+            self.group,
+            self.consumer,
+            min_idle_time=self.settings.claim_idle_ms,
+            start_id=self._claim_cursor,
+            count=count,
+        )
+        cursor, entries = reply[0], reply[1]
+        self._claim_cursor = cursor
+        claimed: list[Delivery] = []
+        for entry_id, fields in entries:
+            if not fields:  # deleted by trimming while pending
+                await self.ack(entry_id)
+            elif await self._times_delivered(entry_id) > self.settings.max_deliveries:
+                await self._dead_letter(entry_id, fields)
+            else:
+                claimed.append(Delivery(entry_id, fields))
+        if claimed:
+            log.warning("reclaimed %d pending job(s) on %s", len(claimed), self.stream)
+        return claimed
+
+    async def ack(self, entry_id: bytes) -> None:
+        """Acknowledge one job: it leaves the pending list."""
+        await self.redis.xack(self.stream, self.group, entry_id)
+
+    async def is_done(self, job_id: str, keys: Keys) -> bool:
+        """Whether a job's results were already published (a reclaimed duplicate)."""
+        return bool(await self.redis.exists(keys.done(job_id)))
+
+    async def mark_done(self, job_id: str, keys: Keys) -> None:
+        """Record that a job's results are out, then acknowledge happens separately."""
+        await self.redis.set(keys.done(job_id), b"1", ex=self.settings.job_ttl_s)
+
+    async def pending_count(self) -> int:
+        """Jobs delivered but not yet acknowledged, over all consumers."""
+        info = await self.redis.xpending(self.stream, self.group)
+        return int(info["pending"])
+
+    async def _times_delivered(self, entry_id: bytes) -> int:
+        rows = await self.redis.xpending_range(
+            self.stream, self.group, min=entry_id, max=entry_id, count=1
+        )
+        return int(rows[0]["times_delivered"]) if rows else 0
+
+    async def _dead_letter(self, entry_id: bytes, fields: Fields) -> None:
+        log.error(
+            "job %s on %s exceeded %d deliveries: dead-lettered",
+            entry_id.decode(),
+            self.stream,
+            self.settings.max_deliveries,
+        )
+        await self.redis.xadd(
+            self.dead_stream,
+            {**fields, b"source_id": entry_id},  # type: ignore[dict-item]
+            maxlen=self.settings.job_stream_maxlen,
+            approximate=True,
+        )
+        await self.ack(entry_id)
+
+
+async def publish(
+    redis: Redis, settings: RedisSettings, stream: str, fields: Fields, durable: bool = True
+) -> None:
+    """Append a result to a gateway's result stream (trimmed; it expires when the owner dies).
+
+    `durable`: WAIT for `wait_replicas` replicas when set, so the result is on a replica
+    before the next one goes out and before the job is marked done and acknowledged; a
+    failover then cannot drop a result while a later one of the same job survives.
+    """
+    commands = [
+        xadd_command(stream, fields, settings.result_stream_maxlen),
+        ("EXPIRE", stream, settings.job_ttl_s),
+    ]
+    await durable_write(redis, settings, stream, commands, durable)
+
+
+async def cancel(redis: Redis, keys: Keys, settings: RedisSettings, response_id: str) -> None:
+    """Mark a response cancelled, for every worker to see between chunks."""
+    await redis.set(keys.cancelled(response_id), b"1", ex=settings.job_ttl_s)
+
+
+async def is_cancelled(redis: Redis, keys: Keys, response_id: str) -> bool:
+    """Whether a response has been cancelled."""
+    return bool(await redis.exists(keys.cancelled(response_id)))

@@ -1,0 +1,1 @@
+"""The machine: GPUs and devices, models packaged in wheels, optional extras."""

@@ -1,0 +1,1 @@
+"""The wire: typed client and server events, parsed once at the edge."""

@@ -1,0 +1,1 @@
+"""A service process: settings, profiles, server, ops routes, WebSocket channel, lifecycle."""
