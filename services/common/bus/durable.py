@@ -40,7 +40,7 @@ async def durable_write(
     if not durable or settings.wait_replicas <= 0:
         return await _pipelined(redis, commands)
     node = _master_name(redis, key)
-    if time.monotonic() < _short_until.get(node, 0.0):
+    if time.monotonic() < short_until.get(node, 0.0):
         # this master had too few replicas a moment ago (one was just promoted, say):
         # a WAIT would only time out on every write; retry it after SHORT_RETRY_S
         return await _pipelined(redis, commands)
@@ -54,13 +54,14 @@ async def durable_write(
     else:
         replies = await _pipelined(redis, [*commands, wait])
     if isinstance(replies[-1], int) and replies[-1] < settings.wait_replicas:
-        _short_until[node] = time.monotonic() + SHORT_RETRY_S
+        short_until[node] = time.monotonic() + SHORT_RETRY_S
         _check_wait(settings, key, replies[-1])
     return replies[:-1]
 
 
 SHORT_RETRY_S = 5.0
-_short_until: dict[str, float] = {}  # master -> until when its WAITs are skipped
+short_until: dict[str, float] = {}
+"""master -> until when its WAITs are skipped (one timed out: see SHORT_RETRY_S)."""
 
 
 def _master_name(redis: Redis, key: str) -> str:
