@@ -137,7 +137,7 @@ class AsrStream:
         if end is None:
             return
         speculative = None
-        if self._speculation is not None and self._speculation[0] == end.end_ms:
+        if self._speculation is not None and end.ends_pause(self._speculation[0]):
             speculative, self._speculation = self._speculation[1], None
             ASR_SPECULATIVE.labels("used").inc()
         self._drop_speculation()

@@ -29,11 +29,13 @@ from services.common.service.ws import Channel, Disconnected
 from services.gateway import metrics
 from services.gateway.agent import AGENTS, Agent, Turn
 from services.gateway.bus import GatewayBus
+from services.gateway.codec import Codec, NativeCodec, SessionChannel
 from services.gateway.drain import Drainer
 from services.gateway.handshake import read_handshake
+from services.gateway.hearing import new_id
 from services.gateway.llm import OpenAiAgent
-from services.gateway.realtime import REALTIME_SESSION, RealtimeChannel
-from services.gateway.session import Session, new_id
+from services.gateway.realtime import REALTIME_SESSION, RealtimeCodec
+from services.gateway.session import Session, SessionServices
 from services.gateway.settings import GatewaySettings
 from services.gateway.static import static_router
 from services.gateway.store import SessionStore
@@ -78,6 +80,8 @@ def create_app(
     bus = GatewayBus(redis, settings.redis, gateway_id)
     sessions: dict[str, Session] = {}
     store = SessionStore(redis, settings.redis.prefix, section.resume_window_s, settings.redis)
+    services = SessionServices(bus, section, agents, end_of_turn, store)
+    max_frame = section.server.ws_max_frame_bytes
     state = ServiceState(service="gateway", redis=redis, engine="silero-vad", model="silero_vad_v6")
     vad_holder: dict[str, SileroVad] = {}
     hearing: dict[str, HearingBatcher] = {}
@@ -140,8 +144,8 @@ def create_app(
         return JSONResponse(report.model_dump(), 200 if report.remaining == 0 else 504)
 
     async def admit(
-        ws: WebSocket, make_channel: Callable[[WebSocket], Channel], session_id: str | None
-    ) -> tuple[Channel, Restored] | None:
+        ws: WebSocket, codec: Codec, session_id: str | None
+    ) -> tuple[SessionChannel, Restored] | None:
         """The one handshake and admission of every session endpoint (`/v1/stream`,
         `/v1/realtime`). The auth guard has checked the credential before this runs; a
         session id of another tenant is refused here, before the accept. None when the
@@ -155,7 +159,7 @@ def create_app(
             return None
         offered = ws.scope.get("subprotocols")
         await ws.accept(subprotocol=app_subprotocol(offered) or read_handshake(ws).subprotocol)
-        channel = make_channel(ws)
+        channel = SessionChannel(Channel(ws, "gateway", max_frame), codec)
         if state.draining or len(sessions) >= section.max_sessions:
             metrics.SESSIONS_REFUSED.labels("draining" if state.draining else "capacity").inc()
             await channel.fail(CapacityError("gateway at capacity; retry after 1 s"))
@@ -164,7 +168,7 @@ def create_app(
 
     async def run_session(
         ws: WebSocket,
-        channel: Channel,
+        channel: SessionChannel,
         restored: Restored,
         initial: dict[str, object] | None = None,
     ) -> None:
@@ -192,16 +196,13 @@ def create_app(
                 session = Session(
                     config,
                     channel,
-                    bus,
                     listener,
-                    section,
+                    services,
                     tasks,
-                    agents,
-                    store,
-                    end_of_turn=end_of_turn,
+                    tenant=principal.tenant,
+                    meter=meter_of(ws),
+                    history=history,
                 )
-                session.history = history
-                session.tenant, session.meter = principal.tenant, meter_of(ws)
                 sessions[config.id] = session
                 drainer.opened()
                 await channel.send(SessionCreated(session=config))
@@ -216,16 +217,14 @@ def create_app(
         finally:
             ended = sessions.pop(config.id, None)
             if ended is not None:
-                await store.save(ended.config, ended.history, principal.tenant)
+                await store.save(ended.config, ended.history, ended.tenant)
             drainer.closed()
             metrics.SESSIONS.dec()
             state.connection_closed()
 
-    max_frame = section.server.ws_max_frame_bytes
-
     @app.websocket("/v1/stream")
     async def stream(ws: WebSocket, session_id: str | None = Query(None, max_length=64)) -> None:
-        admitted = await admit(ws, lambda ws: Channel(ws, "gateway", max_frame), session_id)
+        admitted = await admit(ws, NativeCodec(), session_id)
         if admitted is not None:
             await run_session(ws, *admitted)
 
@@ -234,9 +233,7 @@ def create_app(
         beta = "realtime=v1" in ws.headers.get("openai-beta", "") or (
             "openai-beta.realtime-v1" in read_handshake(ws).offered
         )
-        admitted = await admit(
-            ws, lambda ws: RealtimeChannel(ws, max_frame, beta=beta, vad=vad), None
-        )
+        admitted = await admit(ws, RealtimeCodec(beta=beta, vad=vad), None)
         if admitted is not None:
             await run_session(ws, *admitted, REALTIME_SESSION)
 

@@ -96,18 +96,21 @@ def framed(event: dict[str, Any], beta: bool) -> dict[str, Any]:
     return {"event_id": f"event_{uuid.uuid4().hex[:20]}", **event, "type": kind}
 
 
-def error_event(code: str, message: str, param: str | None, event_id: str | None) -> dict[str, Any]:
-    """OpenAI's `error` event; `invalid_request_error` for the client's mistakes."""
-    return {
-        "type": "error",
-        "error": {
-            "type": "invalid_request_error" if code.startswith(_CLIENT_CODES) else "server_error",
-            "code": code,
-            "message": message,
-            "param": param,
-            "event_id": event_id,
-        },
+def error_event(
+    code: str, message: str, param: str | None, event_id: str | None, fatal: bool = False
+) -> dict[str, Any]:
+    """OpenAI's `error` event; `invalid_request_error` for the client's mistakes. A fatal
+    error (the connection closes next) says so in `fatal`, a field OpenAI's clients ignore."""
+    error: dict[str, Any] = {
+        "type": "invalid_request_error" if code.startswith(_CLIENT_CODES) else "server_error",
+        "code": code,
+        "message": message,
+        "param": param,
+        "event_id": event_id,
     }
+    if fatal:
+        error["fatal"] = True
+    return {"type": "error", "error": error}
 
 
 def message_item(

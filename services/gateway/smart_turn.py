@@ -14,15 +14,14 @@ event loop never waits for an inference.
 
 from __future__ import annotations
 
-import asyncio
 import time
-from concurrent.futures import ThreadPoolExecutor
 from functools import cache
-from typing import Any, Final
+from typing import Final
 
 import numpy as np
 
 from services.common.audio.pcm import AudioF32
+from services.common.batching import MicroBatcher
 from services.common.errors import EngineUnavailable
 from services.common.platform.packaged import PackagedModel
 from services.gateway import metrics
@@ -101,32 +100,16 @@ def available() -> bool:
     return True
 
 
-_Waiting = tuple[AudioF32, "asyncio.Future[float]"]
-
-
 class SmartTurnBatcher:
-    """Answers every session that asked while the model was busy with one batched call."""
+    """Answers every session that asked while the model was busy with one batched call
+    (services/common/batching.py)."""
 
     def __init__(self, model: SmartTurnModel) -> None:
         self.model = model
-        self._waiting: list[_Waiting] = []
-        self._busy = False
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="smart-turn")
+        self._batcher: MicroBatcher[AudioF32, float] = MicroBatcher(self._timed, "smart-turn")
 
     async def probability(self, audio: AudioF32) -> float:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[float] = loop.create_future()
-        self._waiting.append((audio, future))
-        if not self._busy:
-            self._busy = True
-            loop.call_soon(self._start)  # after this loop turn: others' asks join the batch
-        return await future
-
-    def _start(self) -> None:
-        waiting, self._waiting = self._waiting, []
-        loop = asyncio.get_running_loop()
-        run = loop.run_in_executor(self._executor, self._timed, [a for a, _ in waiting])
-        run.add_done_callback(lambda done: self._finish(waiting, done))
+        return await self._batcher.submit(audio)
 
     def _timed(self, clips: list[AudioF32]) -> list[float]:
         started = time.perf_counter()
@@ -134,21 +117,5 @@ class SmartTurnBatcher:
         metrics.TURN_MODEL_SECONDS.observe(time.perf_counter() - started)
         return found
 
-    def _finish(self, waiting: list[_Waiting], run: asyncio.Future[list[float]]) -> None:
-        if self._waiting:
-            self._start()
-        else:
-            self._busy = False
-        try:
-            probabilities: list[Any] = run.result()
-        except Exception as exc:
-            for _, future in waiting:
-                if not future.done():
-                    future.set_exception(exc)
-            return
-        for (_, future), probability in zip(waiting, probabilities, strict=True):
-            if not future.done():
-                future.set_result(probability)
-
     def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._batcher.close()

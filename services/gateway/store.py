@@ -18,7 +18,6 @@ from services.common.bus.keys import Keys
 from services.common.bus.settings import RedisSettings
 from services.common.errors import Forbidden
 from services.common.protocol.events import SessionConfig
-from services.common.tenancy import DEFAULT_TENANT
 from services.gateway.agent import Turn
 
 log = logging.getLogger(__name__)
@@ -29,8 +28,9 @@ class StoredSession(BaseModel):
 
     config: SessionConfig
     history: list[Turn]
-    tenant: str = DEFAULT_TENANT
-    """Whose session it is: only a credential of this tenant resumes it."""
+    tenant: str
+    """Whose session it is: only a credential of this tenant resumes it (a record without
+    one is unreadable, never anyone's)."""
 
 
 class SessionStore:
@@ -48,9 +48,7 @@ class SessionStore:
     def key(self, session_id: str) -> str:
         return self.keys.session(session_id)
 
-    async def save(
-        self, config: SessionConfig, history: list[Turn], tenant: str = DEFAULT_TENANT
-    ) -> None:
+    async def save(self, config: SessionConfig, history: list[Turn], tenant: str) -> None:
         """Write the session (a Redis outage only loses resumability, so it is logged)."""
         stored = StoredSession(
             config=config.model_copy(update={"resumed": None}),
@@ -64,9 +62,7 @@ class SessionStore:
         except REDIS_DOWN as exc:
             log.warning("could not save session %s: %s", config.id, exc)
 
-    async def load(
-        self, session_id: str, tenant: str = DEFAULT_TENANT
-    ) -> tuple[SessionConfig, list[Turn]] | None:
+    async def load(self, session_id: str, tenant: str) -> tuple[SessionConfig, list[Turn]] | None:
         """The stored session, or None when unknown, expired or out of reach (Redis down);
         Forbidden when it is another tenant's (its id leaked or was guessed)."""
         try:

@@ -28,12 +28,14 @@ from starlette.websockets import WebSocketState
 from services.common.audio.listener import Listener
 from services.common.audio.pcm import pcm16_to_float
 from services.common.audio.vad import SileroVad, VadSettings
+from services.common.auth.limits import NO_METER
 from services.common.bus.messages import AsrJob, BusResult, TtsJob
 from services.common.protocol.events import SessionConfig
 from services.common.service.ws import Channel, Disconnected
 from services.gateway.agent import AGENTS, Agent
 from services.gateway.bus import GatewayBus
-from services.gateway.session import Session
+from services.gateway.codec import NativeCodec, SessionChannel
+from services.gateway.session import Session, SessionServices
 from services.gateway.settings import GatewaySection
 from services.gateway.turn_end import EndOfTurn, SilenceOnly, listening
 
@@ -249,16 +251,17 @@ async def running_session(
     listener = Listener(cast(SileroVad, EnergyVad()), hearing, 16000)
     config = SessionConfig(id="sess_test", output_sample_rate=16000)
     async with asyncio.TaskGroup() as tasks:
+        services = SessionServices(cast(GatewayBus, bus), settings, agents, policy, clock=loop.time)
+        io = Channel(socket, "gateway", 1 << 20)  # type: ignore[arg-type]
         session = Session(
             config,
-            Channel(socket, "gateway", 1 << 20),  # type: ignore[arg-type]
-            cast(GatewayBus, bus),
+            SessionChannel(io, NativeCodec()),
             listener,
-            settings,
+            services,
             tasks,
-            agents,
-            clock=loop.time,
-            end_of_turn=policy,
+            tenant="default",
+            meter=NO_METER,
+            history=[],
         )
         bus.deliver = session.deliver
 

@@ -1,4 +1,5 @@
-"""RealtimeChannel alone: native events out as OpenAI events, OpenAI events in as native frames."""
+"""The Realtime codec on a session channel: native events out as OpenAI events, OpenAI events
+in as typed native inputs (parsed once)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ from typing import Any
 
 import pytest
 
+from services.common.errors import InvalidMessage
 from services.common.protocol.events import (
     OutputAudioClear,
     ResponseAudioDone,
+    ResponseCancel,
+    ResponseCreate,
     ResponseCreated,
     ResponseDone,
     ResponseTextDelta,
@@ -21,7 +25,9 @@ from services.common.protocol.events import (
     TranscriptFinal,
     TranscriptPartial,
 )
-from services.gateway.realtime import RealtimeChannel
+from services.common.service.ws import Channel
+from services.gateway.codec import AudioIn, SessionChannel
+from services.gateway.realtime import RealtimeCodec
 
 
 class FakeSocket:
@@ -43,7 +49,8 @@ class FakeSocket:
 
 def _channel(beta: bool = False, incoming: list[dict[str, Any]] | None = None) -> Any:
     sock = FakeSocket(incoming)
-    return RealtimeChannel(sock, 1 << 20, beta=beta), sock  # type: ignore[arg-type]
+    io = Channel(sock, "gateway", 1 << 20)  # type: ignore[arg-type]
+    return SessionChannel(io, RealtimeCodec(beta=beta)), sock
 
 
 def _types(sock: FakeSocket) -> list[str]:
@@ -101,8 +108,8 @@ async def test_a_turn_and_its_answer_in_openai_events() -> None:
 async def test_beta_names_and_a_client_cancel() -> None:
     channel, sock = _channel(beta=True, incoming=[{"type": "response.cancel"}, {"type": "x"}])
     await channel.send(ResponseCreated(response_id="resp_2"))
-    frame = await channel.receive()  # the cancel becomes the native one; "x" is refused
-    assert json.loads(frame.text or "") == {"type": "response.cancel"}
+    inputs = await channel.receive()  # the cancel becomes the native one; "x" is refused
+    assert inputs == [ResponseCancel(type="response.cancel")]
     await channel.send_audio(b"\x00\x00")
     await channel.send(OutputAudioClear(response_id="resp_2"))
     await channel.send(ResponseDone(response_id="resp_2", status="cancelled", text="heard"))
@@ -119,11 +126,10 @@ async def test_appends_become_frames_of_at_most_one_second(seconds: float) -> No
     append = {"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()}
     channel, _ = _channel(incoming=[append])
     await channel.send(SessionCreated(session=SessionConfig(id="s", input_sample_rate=24000)))
-    frames = [await channel.receive()]
-    while channel._ready:
-        frames.append(await channel.receive())
-    assert b"".join(f.data for f in frames) == pcm
-    assert max(len(f.data) for f in frames) <= 48000
+    frames = await channel.receive()
+    assert all(isinstance(f, AudioIn) for f in frames)
+    assert b"".join(f.pcm for f in frames) == pcm
+    assert max(len(f.pcm) for f in frames) <= 48000
 
 
 async def test_bad_audio_is_an_error_event_and_the_next_event_is_served() -> None:
@@ -134,8 +140,18 @@ async def test_bad_audio_is_an_error_event_and_the_next_event_is_served() -> Non
         {"type": "response.create"},
     ]
     channel, sock = _channel(incoming=incoming)
-    frame = await channel.receive()
-    assert json.loads(frame.text or "") == {"type": "response.create"}
+    assert await channel.receive() == [ResponseCreate(type="response.create")]
     errors = [e["error"] for e in sock.sent if e["type"] == "error"]
     assert [e["code"] for e in errors] == ["invalid_audio", "invalid_audio"]
     assert {e["type"] for e in errors} == {"invalid_request_error"}
+
+
+async def test_a_fatal_error_says_so() -> None:
+    """Errors keep `fatal` on every wire format (OpenAI's clients ignore the extra field)."""
+    channel, sock = _channel()
+    error = InvalidMessage("going away")
+    error.fatal = True
+    await channel.send_error(error)
+    await channel.send_error(InvalidMessage("a mistake"))
+    fatal, not_fatal = (e["error"] for e in sock.sent)
+    assert fatal["fatal"] is True and "fatal" not in not_fatal

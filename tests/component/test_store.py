@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+
+import pytest
 from redis.asyncio import Redis
 
 from services.common.bus.connection import connect
+from services.common.errors import Forbidden
 from services.common.protocol.events import SessionConfig
 from services.gateway.agent import Turn
-from services.gateway.store import SessionStore
+from services.gateway.store import SessionStore, StoredSession
 from services.ops.redis_server import free_port
 from tests.conftest import RedisProc
 
@@ -19,13 +23,20 @@ async def test_a_saved_session_loads_back(redis_server: RedisProc) -> None:
     config = SessionConfig(id="sess_a", voice="v", instructions="Be brief.", resumed=True)
     history = [Turn("user", "hi"), Turn("agent", "hello")]
     try:
-        await store.save(config, history)
+        await store.save(config, history, "acme")
         assert 0 < await redis.ttl(store.key("sess_a")) <= 60
-        loaded = await store.load("sess_a")
+        loaded = await store.load("sess_a", "acme")
         assert loaded == (config.model_copy(update={"resumed": None}), history)
-        assert await store.load("sess_unknown") is None
+        with pytest.raises(Forbidden):
+            await store.load("sess_a", "default")
+        assert await store.load("sess_unknown", "acme") is None
         await redis.set(store.key("sess_bad"), b"{not json")
-        assert await store.load("sess_bad") is None  # unreadable: start afresh
+        assert await store.load("sess_bad", "acme") is None  # unreadable: start afresh
+        # a record without a tenant is no one's: never resumed as the default tenant's
+        untenanted = StoredSession(config=config, history=history, tenant="x").model_dump()
+        del untenanted["tenant"]
+        await redis.set(store.key("sess_old"), json.dumps(untenanted))
+        assert await store.load("sess_old", "default") is None
     finally:
         await redis.aclose()
 
@@ -34,7 +45,7 @@ async def test_redis_out_of_reach_costs_only_the_resume() -> None:
     redis = Redis.from_url(f"redis://127.0.0.1:{free_port()}/0", socket_connect_timeout=1)
     store = SessionStore(redis, "down", ttl_s=60)
     try:
-        await store.save(SessionConfig(id="sess_a"), [Turn("user", "hi")])  # logged, not raised
-        assert await store.load("sess_a") is None
+        await store.save(SessionConfig(id="sess_a"), [Turn("user", "hi")], "t")  # logged
+        assert await store.load("sess_a", "t") is None
     finally:
         await redis.aclose()

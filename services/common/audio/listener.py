@@ -5,89 +5,49 @@ Shared by the gateway (`/v1/stream`) and the ASR service (`/v1/stream/asr`).
 
 from __future__ import annotations
 
-import asyncio
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 
 from services.common.audio.pcm import AudioF32, StreamResampler, check_sample_rate, pcm16_to_float
 from services.common.audio.turns import SpeechEnd, TurnEvent, TurnSegmenter
 from services.common.audio.vad import SileroVad, VadSettings, VadStream
+from services.common.batching import MicroBatcher
 from services.common.errors import FrameTooBig, InvalidAudio
 
 VAD_RATE = 16000
 
 
-_Waiting = tuple["Listener", AudioF32, asyncio.Future[list[TurnEvent]]]
 _NO_PROBS = np.zeros(0, dtype=np.float32)
 
 
 class HearingBatcher:
-    """Continuous batching for the VAD of many listeners, off the event loop.
-
-    Each session's `hear` appends its audio and waits. Whenever the model thread is
-    free it takes every listener waiting and runs `SileroVad.process_many` on all of
-    them (one batched model call per window depth); frames that arrive meanwhile form
-    the next batch, so batches grow with the load and nothing waits on a timer. The
-    model runs in its own thread (onnxruntime releases the GIL), so the event loop
-    keeps serving sockets during a large batch. A stream is only ever in one batch:
-    its session waits for the result before it hears its next frame. A frame that
-    completes no 32 ms window skips the model (and the wait) altogether.
-    """
+    """The VAD of many listeners, continuously batched (services/common/batching.py): one
+    batched model call per window depth for every stream waiting. A stream is only ever
+    in one batch: its session waits for the result before it hears its next frame. A
+    frame that completes no 32 ms window skips the model (and the wait) altogether."""
 
     def __init__(self, vad: SileroVad) -> None:
         self.vad = vad
-        self._waiting: list[_Waiting] = []
-        self._busy = False
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="vad")
-        self.calls = 0
-        self.streams_run = 0
+        self._batcher: MicroBatcher[VadStream, AudioF32] = MicroBatcher(vad.process_many, "vad")
+
+    @property
+    def calls(self) -> int:
+        return self._batcher.calls
+
+    @property
+    def streams_run(self) -> int:
+        return self._batcher.items_run
 
     async def hear(self, listener: Listener, samples: AudioF32) -> list[TurnEvent]:
         listener.stream.append(samples)
         if listener.stream.pending_windows == 0:  # no window complete: nothing for the model
             return listener.segmenter.feed(samples, _NO_PROBS)
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[list[TurnEvent]] = loop.create_future()
-        self._waiting.append((listener, samples, future))
-        if not self._busy:
-            self._busy = True
-            loop.call_soon(self._start)  # after this loop turn: its frames join the batch
-        return await future
+        # fed even when its caller went away: the segmenter stays in step with the VAD
+        return await self._batcher.submit_then(
+            listener.stream, lambda probs: listener.segmenter.feed(samples, probs)
+        )
 
     def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
-
-    def _start(self) -> None:
-        waiting, self._waiting = self._waiting, []
-        streams: list[VadStream] = [listener.stream for listener, _, _ in waiting]
-        loop = asyncio.get_running_loop()
-        run = loop.run_in_executor(self._executor, self.vad.process_many, streams)
-        run.add_done_callback(lambda done: self._finish(waiting, done))
-
-    def _finish(self, waiting: list[_Waiting], run: asyncio.Future[list[AudioF32]]) -> None:
-        if self._waiting:
-            self._start()  # the next batch goes to the model before this one is handed out
-        else:
-            self._busy = False
-        try:
-            probs = run.result()
-        except Exception as exc:
-            for _, _, future in waiting:
-                if not future.done():
-                    future.set_exception(exc)
-            return
-        self.calls += 1
-        self.streams_run += len(waiting)
-        for (listener, samples, future), p in zip(waiting, probs, strict=True):
-            try:  # fed even when its caller went away: the segmenter stays in step
-                events = listener.segmenter.feed(samples, p)
-            except Exception as exc:
-                if not future.done():
-                    future.set_exception(exc)
-                continue
-            if not future.done():
-                future.set_result(events)
+        self._batcher.close()
 
 
 class Listener:

@@ -38,6 +38,12 @@ class SpeechEnd:
     audio_start_ms: int | None = None
     """Where `audio` begins on the stream's timeline (start_ms minus the pre-roll)."""
 
+    def ends_pause(self, pause_end_ms: int) -> bool:
+        """Whether this end is the pause that began at `pause_end_ms`, unchanged: a
+        transcript of that pause's audio is then this utterance's final (a forced split
+        may cut the audio short of the pause's). The rule for reusing a speculation."""
+        return self.end_ms == pause_end_ms and not self.forced
+
 
 @dataclass(frozen=True, slots=True, eq=False)
 class SpeechPause:

@@ -1,4 +1,8 @@
-"""WebSocket edge helpers: one serialized sender, frame reception, error mapping."""
+"""WebSocket edge helpers: one serialized sender, frame reception, error mapping.
+
+`Channel` is the socket I/O of every WebSocket; the ASR and TTS streams speak their native
+events through it directly, the gateway puts a codec on it (services/gateway/codec.py).
+"""
 
 from __future__ import annotations
 
@@ -54,9 +58,13 @@ class Channel:
         return Frame(text=text)
 
     async def send(self, event: Event) -> None:
-        await self._send_text(event.dump())
+        await self.send_text(event.dump())
 
     async def send_audio(self, data: bytes) -> None:
+        await self.send_bytes(data)
+
+    async def send_bytes(self, data: bytes) -> None:
+        """One binary frame (dropped once the peer is gone)."""
         async with self._lock:
             if self.closed:
                 return
@@ -93,7 +101,8 @@ class Channel:
         await self.send_error(exc)
         await self.close(exc.close_code, exc.message)
 
-    async def _send_text(self, text: str) -> None:
+    async def send_text(self, text: str) -> None:
+        """One text frame (dropped once the peer is gone)."""
         async with self._lock:
             if self.closed:
                 return

@@ -1,0 +1,128 @@
+"""The seam between a wire format and the session: codecs, and the one session channel.
+
+A `Codec` turns a client's frames into typed inputs (native client events and audio) and
+typed server events into frames; `SessionChannel` does the socket I/O around it. The
+session only ever sees typed inputs and sends typed events, whatever the client speaks:
+`/v1/stream` (`NativeCodec`), `/v1/realtime` (OpenAI Realtime, `realtime.RealtimeCodec`),
+or any other format a codec is written for. Errors are encoded once, at this edge, with
+their `fatal` flag.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from services.common import metrics
+from services.common.errors import VoiceAgentError
+from services.common.protocol.events import CLIENT_EVENTS, ClientEvent, ErrorEvent, Event, parse
+from services.common.service.ws import Channel, Frame
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class AudioIn:
+    """Microphone audio: PCM16 little-endian at the session's input rate (at most 1 s)."""
+
+    pcm: bytes
+
+
+ClientInput = ClientEvent | AudioIn
+"""What a codec makes of a client frame, for the session."""
+Outgoing = str | bytes
+"""A frame for the client: text or binary."""
+
+
+@dataclass
+class Decoded:
+    """One client frame, decoded: inputs for the session, and frames that answer the
+    client at once (acknowledgements a wire format defines, such as Realtime's)."""
+
+    inputs: list[ClientInput] = field(default_factory=list)
+    replies: list[Outgoing] = field(default_factory=list)
+
+
+class Codec(Protocol):
+    """A wire format. Decoding a frame the format refuses raises a VoiceAgentError."""
+
+    def decode(self, frame: Frame) -> Decoded: ...
+
+    def encode(self, event: Event) -> list[Outgoing]: ...
+
+    def encode_audio(self, pcm: bytes) -> list[Outgoing]: ...
+
+    def encode_error(self, exc: VoiceAgentError, fatal: bool) -> list[Outgoing]: ...
+
+
+class NativeCodec:
+    """`/v1/stream`: JSON client events and raw PCM16 binary frames (docs/protocol.md)."""
+
+    def decode(self, frame: Frame) -> Decoded:
+        if frame.data is not None:
+            return Decoded([AudioIn(frame.data)])
+        return Decoded([parse(CLIENT_EVENTS, frame.text or "")])
+
+    def encode(self, event: Event) -> list[Outgoing]:
+        return [event.dump()]
+
+    def encode_audio(self, pcm: bytes) -> list[Outgoing]:
+        return [pcm]
+
+    def encode_error(self, exc: VoiceAgentError, fatal: bool) -> list[Outgoing]:
+        return [ErrorEvent(code=exc.code, message=exc.message, fatal=fatal).dump()]
+
+
+class SessionChannel:
+    """A session's WebSocket: socket I/O (`Channel`) with a codec on both directions."""
+
+    def __init__(self, io: Channel, codec: Codec) -> None:
+        self.io = io
+        self.codec = codec
+
+    @property
+    def closed(self) -> bool:
+        return self.io.closed
+
+    async def receive(self) -> list[ClientInput]:
+        """The inputs of the next client frame that has any. A frame the codec refuses
+        costs an error event (the connection goes on, unless the error is fatal)."""
+        while True:
+            frame = await self.io.receive()
+            try:
+                decoded = self.codec.decode(frame)
+            except VoiceAgentError as exc:
+                if exc.fatal:
+                    raise
+                await self.send_error(exc)
+                continue
+            await self._send_all(decoded.replies)
+            if decoded.inputs:
+                return decoded.inputs
+
+    async def send(self, event: Event) -> None:
+        await self._send_all(self.codec.encode(event))
+
+    async def send_audio(self, data: bytes) -> None:
+        await self._send_all(self.codec.encode_audio(data))
+
+    async def send_error(self, exc: VoiceAgentError, fatal: bool | None = None) -> None:
+        """Report a domain error (and count it); `fatal` overrides the error's own flag."""
+        metrics.ERRORS.labels(self.io.service, exc.code).inc()
+        await self._send_all(self.codec.encode_error(exc, exc.fatal if fatal is None else fatal))
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        await self.io.close(code, reason)
+
+    async def fail(self, exc: VoiceAgentError) -> None:
+        """A fatal error: tell the client, then close with the error's close code."""
+        await self.send_error(exc)
+        await self.close(exc.close_code, exc.message)
+
+    async def _send_all(self, frames: list[Outgoing]) -> None:
+        for frame in frames:
+            if isinstance(frame, bytes):
+                await self.io.send_bytes(frame)
+            else:
+                await self.io.send_text(frame)
