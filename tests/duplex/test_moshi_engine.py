@@ -81,3 +81,15 @@ def test_state_per_slot_is_counted_from_the_streaming_state() -> None:
         small.state_bytes_per_slot(), rel=0.01
     )
     assert SLOTS == 3
+
+
+def test_a_missing_checkpoint_names_the_pull(tmp_path: object) -> None:
+    from services.common.errors import EngineUnavailable
+    from services.duplex.engines.moshi import checkpoint_engine
+    from tests.duplex.tiny import section
+
+    engine = checkpoint_engine(
+        section(engine="moshi", moshi={"device": "cpu", "models_dir": str(tmp_path)})
+    )
+    with pytest.raises(EngineUnavailable, match="voice-agent models pull moshiko-pytorch-bf16"):
+        engine.load(1)

@@ -190,3 +190,12 @@ def test_an_unknown_engine_names_the_choices() -> None:
 
     with pytest.raises(ValueError, match="fake, moshi, moshi-random"):
         create_engine(DuplexSection(engine="nope"))
+
+
+def test_personaplex_is_refused_with_the_reason() -> None:
+    from services.common.errors import EngineUnavailable
+    from services.duplex.engines.moshi import model_folder
+    from services.duplex.settings import MoshiSettings
+
+    with pytest.raises(EngineUnavailable, match="NVIDIA's fork of moshi"):
+        model_folder(MoshiSettings(model="personaplex-7b-v1"))
