@@ -3,8 +3,8 @@
 A model is pulled into `<dir>/<name>`, the folder the engines look in by default
 (`VA_ASR__WHISPER__MODEL=large-v3-turbo` reads `models/faster-whisper-large-v3-turbo`,
 `VA_TTS__CHATTERBOX__MODEL=chatterbox` reads `models/chatterbox`,
-`VA_DUPLEX__MOSHI__MODEL=moshiko-pytorch-bf16` reads `models/moshiko-pytorch-bf16`). Only the files the
-engines read are fetched. Engines never download unless told to: this command is
+`VA_DUPLEX__MOSHI__MODEL=moshiko-pytorch-bf16` reads `models/moshiko-pytorch-bf16`).
+Only the files the engines read are fetched. Engines never download unless told to: this command is
 the one place that needs the network, and it says exactly what failed when it fails.
 """
 
