@@ -3,15 +3,17 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
+VENV_DUPLEX ?= .venv-duplex
 
-.PHONY: run test lint typecheck unit system-deps k8s-tools k8s-validate install-lite install-tests install-gpu clean
+.PHONY: run test lint typecheck unit duplex-test system-deps k8s-tools k8s-validate install-lite install-tests install-gpu install-duplex clean
 
 ## make run: create .venv, install the lite profile, start Redis (if none), ASR, TTS, gateway.
 run: install-lite
 	$(BIN)/voice-agent up
 
-## make test: create/update .venv with the test extras, then lint, type-check and run the suite.
-test: install-tests system-deps k8s-tools lint typecheck unit
+## make test: create/update .venv with the test extras, then lint, type-check and run the suite;
+## then the duplex service's torch tests in their own environment (.venv-duplex, CPU torch).
+test: install-tests system-deps k8s-tools lint typecheck unit duplex-test
 
 install-lite: $(VENV)/.lite-installed
 install-tests: $(VENV)/.tests-installed
@@ -31,6 +33,18 @@ $(VENV)/.tests-installed: pyproject.toml | $(BIN)/python
 ## make install-gpu: on a CUDA host, build .venv (ASR + gateway) and .venv-tts (chatterbox TTS).
 install-gpu:
 	bash scripts/install_gpu.sh
+
+## make install-duplex: .venv-duplex for the full-duplex service (torch + moshi; docs/duplex.md).
+install-duplex:
+	VENV_DUPLEX=$(VENV_DUPLEX) bash scripts/install_duplex.sh
+
+$(VENV_DUPLEX)/.tests-installed: pyproject.toml scripts/install_duplex.sh
+	VENV_DUPLEX=$(VENV_DUPLEX) bash scripts/install_duplex.sh --cpu --tests
+	touch $@
+
+## The duplex tests (tiny random-weight Moshi models on the CPU), in .venv-duplex.
+duplex-test: $(VENV_DUPLEX)/.tests-installed
+	$(VENV_DUPLEX)/bin/pytest -q -p no:cacheprovider tests/duplex
 
 ## System packages the tests use, installed where missing (Debian/Ubuntu).
 system-deps:
@@ -55,7 +69,7 @@ typecheck:
 	$(BIN)/mypy
 
 unit:
-	$(BIN)/pytest -q -m "not slow and not gpu"
+	$(BIN)/pytest -q -m "not slow and not gpu" --ignore=tests/duplex
 
 clean:
-	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VENV_DUPLEX) var .pytest_cache .mypy_cache .ruff_cache

@@ -2,6 +2,7 @@
 
 voice-agent up                       Redis (if none) + ASR + TTS + gateway, until Ctrl-C
 voice-agent asr|tts|gateway [--port] one service
+voice-agent duplex [--port]          the full-duplex (Moshi) service, from .venv-duplex
 voice-agent client --wav FILE        talk to the agent with a wav file
 voice-agent keys create|list|revoke  API keys (authentication; docs/auth.md)
 voice-agent doctor                   check GPUs, models, Redis, ports and nginx
@@ -37,7 +38,7 @@ from services.ops.doctor import add_parser as add_doctor_command
 from services.ops.keys import add_keys_command
 from services.ops.models import add_models_command
 from services.ops.redis_server import reachable, start_redis
-from services.ops.registry import SERVICES, load_settings, server_section
+from services.ops.registry import SERVICES, STACK, load_settings, server_section
 from services.plan.cli import add_plan_command
 
 STARTUP_TIMEOUT_S = 120.0
@@ -74,7 +75,7 @@ def _interrupt(signum: int, frame: object) -> None:
 def _service_urls() -> dict[str, str]:
     """Each service's base URL, from its settings (`VA_<SERVICE>__SERVER__PORT`, ...)."""
     urls = {}
-    for name in SERVICES:
+    for name in STACK:
         server = server_section(load_settings(name), name)
         host = "127.0.0.1" if server.host in ("0.0.0.0", "::") else server.host
         urls[name] = f"http://{host}:{server.port}"
@@ -85,7 +86,7 @@ def _service_env() -> dict[str, str]:
     """The services' environment: authentication off when every service binds loopback
     and the setting is not given (`make run` on a laptop needs no key), else as set."""
     env = dict(os.environ)
-    hosts = [server_section(load_settings(name), name).host for name in SERVICES]
+    hosts = [server_section(load_settings(name), name).host for name in STACK]
     if "VA_AUTH__REQUIRED" not in env and all(is_loopback(host) for host in hosts):
         env["VA_AUTH__REQUIRED"] = "false"
         print(
@@ -115,9 +116,9 @@ def up(args: argparse.Namespace) -> None:
     try:
         # the gateway lists this TTS service's voices (the browser page's picker)
         env = {"VA_GATEWAY__TTS_URL": urls["tts"], **env}
-        for name in SERVICES:
-            procs.append(subprocess.Popen([sys.executable, "-m", SERVICES[name].module], env=env))
-        wait_ready(urls, procs[-len(SERVICES) :], STARTUP_TIMEOUT_S)
+        for name in STACK:
+            procs.append(subprocess.Popen([sys.executable, "-m", STACK[name].module], env=env))
+        wait_ready(urls, procs[-len(STACK) :], STARTUP_TIMEOUT_S)
         agent = urls["gateway"].replace("http://", "ws://") + "/v1/stream"
         print(
             "\nvoice-agent is up:\n"

@@ -2,8 +2,9 @@
 
 A model is pulled into `<dir>/<name>`, the folder the engines look in by default
 (`VA_ASR__WHISPER__MODEL=large-v3-turbo` reads `models/faster-whisper-large-v3-turbo`,
-`VA_TTS__CHATTERBOX__MODEL=chatterbox` reads `models/chatterbox`). Only the files the
-engines read are fetched. Engines never download unless told to: this command is
+`VA_TTS__CHATTERBOX__MODEL=chatterbox` reads `models/chatterbox`,
+`VA_DUPLEX__MOSHI__MODEL=moshiko-pytorch-bf16` reads `models/moshiko-pytorch-bf16`).
+Only the files the engines read are fetched. Engines never download unless told to: this command is
 the one place that needs the network, and it says exactly what failed when it fails.
 """
 
@@ -34,6 +35,24 @@ CHATTERBOX_FILES: Final = (
     "conds.pt",
 )
 """What `ChatterboxTTS.from_local` reads (`conds.pt` is the built-in voice)."""
+MOSHI_FILES: Final = (
+    "model.safetensors",
+    "tokenizer-e351c8d8-checkpoint125.safetensors",
+    "tokenizer_spm_32k_3.model",
+    "config.json",
+)
+"""What the duplex `moshi` engine reads (`config.json`: newer repos have one; without it the
+engine uses moshi's Moshi 7B configuration)."""
+PERSONAPLEX_FILES: Final = (
+    "model.safetensors",
+    "tokenizer-e351c8d8-checkpoint125.safetensors",
+    "tokenizer_spm_32k_3.model",
+    "voices.tgz",
+)
+"""PersonaPlex's weights and its voice prompts, for NVIDIA's server (docs/duplex.md): the
+duplex service's `moshi` engine refuses them (they need NVIDIA's fork of moshi)."""
+OPTIONAL_FILES: Final = frozenset({"conds.pt", "config.json"})
+"""Files fetched when the repo has them, not required for a complete folder."""
 FASTER_WHISPER_REPOS: Final = {
     "tiny": "Systran/faster-whisper-tiny",
     "tiny.en": "Systran/faster-whisper-tiny.en",
@@ -62,8 +81,8 @@ class ModelSpec:
     engine: str
 
     def required(self) -> list[str]:
-        """The files that must be present (patterns and the optional voice left out)."""
-        return [f for f in self.files if "*" not in f and f != "conds.pt"]
+        """The files that must be present (patterns and optional files left out)."""
+        return [f for f in self.files if "*" not in f and f not in OPTIONAL_FILES]
 
 
 MODELS: Final = {
@@ -72,6 +91,13 @@ MODELS: Final = {
         for size, repo in FASTER_WHISPER_REPOS.items()
     },
     "chatterbox": ModelSpec("chatterbox", "ResembleAI/chatterbox", CHATTERBOX_FILES, "tts"),
+    **{
+        name: ModelSpec(name, f"kyutai/{name}", MOSHI_FILES, "duplex")
+        for name in ("moshiko-pytorch-bf16", "moshika-pytorch-bf16")
+    },
+    "personaplex-7b-v1": ModelSpec(
+        "personaplex-7b-v1", "nvidia/personaplex-7b-v1", PERSONAPLEX_FILES, "duplex"
+    ),
 }
 
 
@@ -171,7 +197,7 @@ def list_models(directory: Path) -> list[str]:
     lines = []
     for model in MODELS.values():
         state = "pulled" if is_complete(model, directory / model.name) else "-"
-        lines.append(f"{model.name:34} {model.repo:48} {model.engine:4} {state}")
+        lines.append(f"{model.name:34} {model.repo:48} {model.engine:6} {state}")
     return lines
 
 

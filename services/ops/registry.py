@@ -1,6 +1,6 @@
 """The services as the operator tools see them: each one's settings and its entry point.
 
-The tools (`voice-agent up|asr|tts|gateway|config|doctor`) sit above the services and
+The tools (`voice-agent up|asr|tts|gateway|duplex|config|doctor`) sit above the services and
 import them; the services import only `services.common` (the layering rule, checked by
 import-linter in `make test`).
 """
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from services.asr.settings import AsrSettings
 from services.common.service.settings import BaseServiceSettings, ServerSettings
+from services.duplex.settings import DuplexSettings
 from services.gateway.settings import GatewaySettings
 from services.tts.settings import TtsSettings
 
@@ -22,6 +23,9 @@ class Service:
     name: str
     settings: type[BaseServiceSettings]
     section: str
+    in_stack: bool = True
+    """Started by `voice-agent up` (the cascaded stack); the duplex service runs from its
+    own environment and is started on its own."""
 
     @property
     def module(self) -> str:
@@ -33,7 +37,10 @@ SERVICES: dict[str, Service] = {
     "asr": Service("asr", AsrSettings, "asr"),
     "tts": Service("tts", TtsSettings, "tts"),
     "gateway": Service("gateway", GatewaySettings, "gateway"),
+    "duplex": Service("duplex", DuplexSettings, "duplex", in_stack=False),
 }
+STACK: dict[str, Service] = {name: s for name, s in SERVICES.items() if s.in_stack}
+"""The services `voice-agent up` starts."""
 
 
 def load_settings(service: str) -> BaseServiceSettings:

@@ -8,10 +8,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from services.plan.duplex import duplex_plan
 from services.plan.engines import engine_benches, estimates
 from services.plan.figures import Figure, given
 from services.plan.hosts import engine_capacity, held_turn_rate, is_fake, multi_host
-from services.plan.inputs import BargeIn, Loadtest, MachineInfo, Measurement, VoiceToVoice
+from services.plan.inputs import (
+    BargeIn,
+    DuplexSteps,
+    Loadtest,
+    MachineInfo,
+    Measurement,
+    VoiceToVoice,
+)
 from services.plan.latency import latency_at, reference_latency
 from services.plan.memory import memory_lines
 from services.plan.model import InputFile, Latency, MemoryLine, Plan, PlanOptions, Setup
@@ -39,9 +47,11 @@ def build_plan(
     command: str = "voice-agent plan",
 ) -> Plan:
     """The plan: one setup per loadtest, one per machine measured by engine benchmarks only."""
+    duplex = [m for m in measurements if isinstance(m, DuplexSteps)]
     by_machine: dict[str, list[Measurement]] = {}
     for m in measurements:
-        by_machine.setdefault(m.machine.summary(), []).append(m)
+        if not isinstance(m, DuplexSteps):  # their own section: another kind of session
+            by_machine.setdefault(m.machine.summary(), []).append(m)
     tests = [m for m in measurements if isinstance(m, Loadtest)]
     paces = (loadtest_pace(t, measured_sessions(t)[0]) for t in tests)
     fallback = next((p for p in paces if p is not None), None)
@@ -82,6 +92,7 @@ def build_plan(
         setups=setups,
         missing=missing,
         multi_host=multi_host(setups, tests, pace, options),
+        duplex=duplex_plan(duplex),
     )
 
 

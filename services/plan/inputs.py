@@ -151,7 +151,30 @@ class BargeIn(MeasurementFile):
     trials: list[Trial] = Field(min_length=1)
 
 
-Measurement = Loadtest | AsrBatching | TtsStream | VoiceToVoice | BargeIn
+class DuplexLevel(_In):
+    config: str
+    batch: int = Field(ge=1)
+    step_ms_p50: float = Field(ge=0)
+    step_ms_p90: float = Field(ge=0)
+    realtime: bool
+
+
+class RealMemory(_In):
+    lm_weights_bytes: int = Field(ge=0)
+    mimi_weights_bytes: int = Field(ge=0)
+    state_bytes_per_session: int = Field(ge=0)
+
+
+class DuplexSteps(MeasurementFile):
+    """benchmarks/duplex_steps.py: step time against batch, Moshi's memory per session."""
+
+    benchmark: Literal["duplex_steps"]
+    device: str = "cpu"
+    levels: list[DuplexLevel] = Field(min_length=1)
+    real_config_memory: RealMemory
+
+
+Measurement = Loadtest | AsrBatching | TtsStream | VoiceToVoice | BargeIn | DuplexSteps
 _MEASUREMENT: TypeAdapter[Measurement] = TypeAdapter(
     Annotated[Measurement, Field(discriminator="benchmark")]
 )

@@ -133,6 +133,31 @@ class InputFile(Out):
     machine: str
 
 
+class StepRow(Out):
+    config: str
+    batch: int
+    step_ms: Figure
+    ms_per_session: Figure
+    realtime: bool
+
+
+class DuplexClaim(Out):
+    claim: str
+    theirs: str
+    ours: Figure | None
+    how: str
+
+
+class DuplexPlan(Out):
+    device: str
+    steps: list[StepRow]
+    weights: Figure
+    state_per_session: Figure
+    sessions_by_memory: list[tuple[int, Figure]]
+    claims: list[DuplexClaim]
+    missing: list[str]
+
+
 class Plan(Out):
     command: str
     options: PlanOptions
@@ -141,3 +166,5 @@ class Plan(Out):
     setups: list[Setup]
     missing: list[str]
     multi_host: MultiHost | None = None
+    duplex: DuplexPlan | None = None
+    """The full-duplex section, when a duplex_steps file was given."""

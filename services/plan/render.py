@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from services.plan.citations import Citations, as_bytes, as_text, cell
+from services.plan.duplex import duplex_markdown
 from services.plan.figures import OPTIONS_PATH, Figure, fmt
 from services.plan.model import MultiHost, Plan, PlanOptions, Setup, StageLatency
 
@@ -45,8 +46,11 @@ def render_markdown(plan: Plan) -> str:
         out += ["", *_setup_markdown(number, setup, o, cite)]
     if plan.multi_host is not None:
         out += ["", *_multi_host_markdown(plan.multi_host, cite)]
-    if plan.missing:
-        out += ["", "## Not measured yet", "", *(f"- {m}" for m in plan.missing)]
+    if plan.duplex is not None:
+        out += ["", *duplex_markdown(plan.duplex, lambda f: _figure(f, cite))]
+    missing = [*plan.missing, *(plan.duplex.missing if plan.duplex is not None else [])]
+    if missing:
+        out += ["", "## Not measured yet", "", *(f"- {m}" for m in missing)]
     out += ["", "## Inputs", "", "| file | benchmark | command | timestamp | machine |"]
     out.append("|---|---|---|---|---|")
     out += [

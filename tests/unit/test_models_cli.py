@@ -150,3 +150,17 @@ def test_an_incomplete_download_is_an_error(
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot(["config.json"]))
     with pytest.raises(ModelError, match=r"gave no .*model\.bin"):
         pull("faster-whisper-tiny", tmp_path, {})
+
+
+def test_moshi_and_personaplex_can_be_pulled_for_the_duplex_service(tmp_path: Path) -> None:
+    from services.duplex.engines.moshi import model_folder
+    from services.duplex.settings import MoshiSettings
+
+    moshi = spec("moshiko-pytorch-bf16")
+    assert (moshi.repo, moshi.engine) == ("kyutai/moshiko-pytorch-bf16", "duplex")
+    assert "config.json" in moshi.files and "config.json" not in moshi.required()
+    assert spec("moshika-pytorch-bf16").repo == "kyutai/moshika-pytorch-bf16"
+    assert spec("personaplex-7b-v1").repo == "nvidia/personaplex-7b-v1"
+    # the engine reads the folder `models pull` fills
+    settings = MoshiSettings(model="moshiko-pytorch-bf16", models_dir=tmp_path)
+    assert model_folder(settings) == tmp_path / "moshiko-pytorch-bf16"

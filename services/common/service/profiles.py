@@ -3,8 +3,10 @@
 A profile only fills in what the operator left unset: a field given explicitly (by
 the environment or by code) always wins. `lite` changes nothing; the others are
 applied by each service's settings: `dual-gpu` (ASR: faster-whisper on physical GPU 0;
-TTS: chatterbox on physical GPU 1) and `fake` (both services' instant fake engines, so
-a load test measures what the gateway and Redis add).
+TTS: chatterbox on physical GPU 1), `fake` (both services' instant fake engines, so
+a load test measures what the gateway and Redis add; the duplex service's echo engine)
+and `duplex` (the duplex service's `moshi` engine on CUDA, physical GPU 0; the ASR and
+TTS services keep their lite engines).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from services.common.auth.settings import AuthSettings
 from services.common.bus.settings import RedisSettings
 
-Profile = Literal["lite", "dual-gpu", "fake"]
+Profile = Literal["lite", "dual-gpu", "fake", "duplex"]
 
 
 class ServerSettings(BaseModel):
@@ -47,8 +47,9 @@ class BaseServiceSettings(BaseSettings):
     )
 
     profile: Profile = "lite"
-    """`lite` (embedded CPU engines), `dual-gpu` (faster-whisper GPU 0, chatterbox GPU 1) or
-    `fake` (instant fake ASR and TTS, to measure what the gateway and Redis add)."""
+    """`lite` (embedded CPU engines), `dual-gpu` (faster-whisper GPU 0, chatterbox GPU 1),
+    `fake` (instant fake ASR and TTS, to measure what the gateway and Redis add) or `duplex`
+    (the full-duplex service's Moshi on GPU 0; docs/duplex.md)."""
     redis: RedisSettings = RedisSettings()
     """The Redis bus."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"

@@ -1,0 +1,113 @@
+"""`WS /v1/stream/duplex`: PCM16 in, PCM16 and the agent's text out (docs/duplex.md).
+
+The endpoint a gateway backend uses: binary frames of raw PCM16 mono at
+`input_sample_rate`, any length; binary frames of the agent's speech at
+`output_sample_rate`, one per 80 ms model step; `text.delta` events for the agent's
+words, each just before the audio frame it came with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import WebSocket
+
+from services.common.audio.pcm import (
+    StreamResampler,
+    check_sample_rate,
+    float_to_pcm16,
+    pcm16_to_float,
+)
+from services.common.auth.credentials import app_subprotocol
+from services.common.auth.guard import meter_of
+from services.common.auth.limits import AudioMeter
+from services.common.errors import CapacityError, UnsupportedSampleRate, VoiceAgentError
+from services.common.service.routes import ServiceState
+from services.common.service.ws import Channel, Disconnected
+from services.duplex.events import DuplexReady, TextDelta, parse_client
+from services.duplex.framing import ClientAudio
+from services.duplex.session import DuplexSession, held_slot
+from services.duplex.stepper import Stepper
+
+FRAME_MS = 80
+
+
+class ClientClosed(Exception):
+    """The client sent `close`."""
+
+
+async def _read(
+    channel: Channel, session: DuplexSession, audio: ClientAudio, meter: AudioMeter, rate: int
+) -> None:
+    while True:
+        frame = await channel.receive()
+        try:
+            if frame.data is not None:
+                await meter.add_pcm16(len(frame.data), rate)
+                await session.hear(audio.push(pcm16_to_float(frame.data)))
+                continue
+            parse_client(frame.text or "")
+            raise ClientClosed
+        except VoiceAgentError as exc:
+            if exc.fatal:
+                raise
+            await channel.send_error(exc)  # one bad message; the session goes on
+
+
+async def _write(channel: Channel, session: DuplexSession, out: StreamResampler) -> None:
+    frames = 0
+    while True:
+        said = await session.said()
+        if said.text:
+            await channel.send(TextDelta(delta=said.text, audio_ms=frames * FRAME_MS))
+        if said.audio is not None:
+            await channel.send_audio(float_to_pcm16(out.process(said.audio)))
+            frames += 1
+
+
+async def serve_pcm_stream(
+    ws: WebSocket,
+    state: ServiceState,
+    stepper: Stepper,
+    max_frame_bytes: int,
+    input_rate: int,
+    output_rate: int,
+) -> None:
+    """Accept, admit (close 1013 when every slot is taken) and serve one session."""
+    await ws.accept(subprotocol=app_subprotocol(ws.scope.get("subprotocols")))
+    channel = Channel(ws, "duplex", max_frame_bytes)
+    try:
+        check_sample_rate(input_rate)
+        check_sample_rate(output_rate)
+    except UnsupportedSampleRate as exc:
+        exc.fatal, exc.close_code = True, 1008
+        await channel.fail(exc)
+        return
+    engine = stepper.engine
+    fatal: VoiceAgentError | None = None
+    try:
+        async with held_slot(stepper, state, "pcm") as session:
+            ready = DuplexReady(
+                session_id=session.id,
+                input_sample_rate=input_rate,
+                output_sample_rate=output_rate,
+                engine=engine.name,
+                model=engine.model,
+            )
+            await channel.send(ready)
+            audio = ClientAudio(input_rate, engine.sample_rate, engine.frame_samples)
+            out = StreamResampler(engine.sample_rate, output_rate)
+            try:
+                async with asyncio.TaskGroup() as tasks:
+                    tasks.create_task(_write(channel, session, out), name="duplex-out")
+                    await _read(channel, session, audio, meter_of(ws), input_rate)
+            except* (Disconnected, ClientClosed):
+                pass
+            except* VoiceAgentError as group:
+                fatal = group.exceptions[0]  # type: ignore[assignment]
+    except CapacityError as exc:
+        fatal = exc
+    if fatal is not None:
+        await channel.fail(fatal)
+    else:
+        await channel.close(1000)
