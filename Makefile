@@ -4,6 +4,8 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 VENV_DUPLEX ?= .venv-duplex
+MODELS ?= models
+SMART_TURN := $(MODELS)/smart-turn-v3.2/smart-turn-v3.2-cpu.onnx
 
 .PHONY: run test lint typecheck unit duplex-test system-deps k8s-tools k8s-validate install-lite install-tests install-gpu install-duplex clean
 
@@ -15,7 +17,7 @@ run: install-lite
 ## then the duplex service's torch tests in their own environment (.venv-duplex, CPU torch).
 test: install-tests system-deps k8s-tools lint typecheck unit duplex-test
 
-install-lite: $(VENV)/.lite-installed
+install-lite: $(VENV)/.lite-installed $(SMART_TURN)
 install-tests: $(VENV)/.tests-installed
 
 $(BIN)/python:
@@ -25,6 +27,10 @@ $(BIN)/python:
 $(VENV)/.lite-installed: pyproject.toml | $(BIN)/python
 	$(PIP) install -q -e '.[lite]'
 	touch $@
+
+## Smart Turn v3.2 (semantic end of turn), extracted from its pinned PyPI wheel (SHA-256 checked).
+$(SMART_TURN): | $(VENV)/.lite-installed
+	$(BIN)/voice-agent models pull smart-turn --dir $(MODELS)
 
 $(VENV)/.tests-installed: pyproject.toml | $(BIN)/python
 	$(PIP) install -q -e '.[tests]'

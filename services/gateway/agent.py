@@ -19,6 +19,10 @@ class Agent(Protocol):
     """Produces the reply to the conversation as a stream of text deltas."""
 
     name: str
+    prepare_safe: bool
+    """Whether a reply may be started before the turn is certainly over and then thrown
+    away unseen (the reply prepared during a pause): False for an agent whose reply has
+    effects beyond its text (a tool that books, pays, sends)."""
 
     def respond(self, history: list[Turn], instructions: str | None = None) -> AsyncIterator[str]:
         """Text deltas of the reply to `history` (whose last turn is usually the user's).
@@ -33,6 +37,7 @@ class EchoAgent:
     """Says back what the user said last."""
 
     name = "echo"
+    prepare_safe = True
 
     async def respond(
         self, history: list[Turn], instructions: str | None = None

@@ -89,7 +89,12 @@ def create_app(
     def extra() -> dict[str, object]:
         batcher = hearing.get("batcher")
         mean = batcher.streams_run / batcher.calls if batcher and batcher.calls else None
-        return {"gateway_id": gateway_id, "sessions": len(sessions), "vad_batch_mean": mean}
+        return {
+            "gateway_id": gateway_id,
+            "sessions": len(sessions),
+            "vad_batch_mean": mean,
+            "end_of_turn": end_of_turn.name,
+        }
 
     state.extra = extra
     state.timings = {"hearing": metrics.HEARING, "results": metrics.RESULTS_WAIT}

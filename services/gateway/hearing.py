@@ -77,6 +77,9 @@ class HearingHooks(Protocol):
     async def pause_heard(self, utterance_id: str, heard: Heard) -> None:
         """The transcript of a pause inside the open utterance (the user may go on)."""
 
+    async def speech_resumed(self, utterance_id: str) -> None:
+        """The user spoke again after a pause: the utterance goes on."""
+
     async def transcript(self, utterance: Utterance, text: str) -> None:
         """The final transcript of a finished utterance (its text may be empty)."""
 
@@ -127,6 +130,7 @@ class Hearing:
         self._barge_in_from_ms: int | None = None  # speech start while agent audio plays
         self._partial: tuple[str, float] | None = None  # (utterance, asked at) in flight
         self._last_partial_ms = 0
+        self._paused_at: int | None = None  # where the open utterance's last pause began
         if config.turn_detection is not None:  # a resumed session's own
             self.set_turn_detection(config.turn_detection)
 
@@ -139,6 +143,7 @@ class Hearing:
         metrics.HEARING.record(self.clock() - received_at)
         for event in events:
             await self._on_turn_event(event)
+        await self._check_resumed()
         await self._check_barge_in()
         await self._maybe_partial()
         self.pause.maybe_ask(self.utterance_id)
@@ -176,6 +181,15 @@ class Hearing:
                 metrics.FALSE_INTERRUPTIONS.inc()  # it ended before it could interrupt
             self._barge_in_from_ms = None
             await self._end_of_turn(event)
+
+    async def _check_resumed(self) -> None:
+        """Whether speech came back after the pause last reported, in the same utterance."""
+        paused_at = self._paused_at
+        if paused_at is None or self.listener.segmenter.silence_start_ms == paused_at:
+            return
+        self._paused_at = None
+        if self.utterance_id is not None:
+            await self.hooks.speech_resumed(self.utterance_id)
 
     async def _check_barge_in(self) -> None:
         """Stop the agent once the user has spoken over it long enough."""
@@ -217,6 +231,7 @@ class Hearing:
         utterance_id = self.utterance_id
         if utterance_id is None:
             return
+        self._paused_at = pause.end_ms
         if self.settings.speculative_asr:
             job = self._asr_job(utterance_id, new_id("asrs"), "final")
             self.speculation.start(utterance_id, pause.end_ms, job.job_id)
@@ -248,6 +263,7 @@ class Hearing:
     async def _end_of_turn(self, end: SpeechEnd) -> None:
         utterance_id = self.utterance_id or new_id("utt")
         self.utterance_id = None
+        self._paused_at = None
         self.pause.stop()
         lag_s = max(0.0, (self.listener.segmenter.position_ms - end.end_ms) / 1000)
         metrics.END_OF_TURN_DELAY.observe(lag_s)
@@ -276,7 +292,7 @@ class Hearing:
     async def on_result(self, result: AsrResult) -> None:
         if result.mode == "final" and self.speculation.is_current(result.job_id):
             heard = self.speculation.arrived(result)
-            if heard is not None:
+            if heard is not None and self._paused_at is not None:  # the pause still lasts
                 await self.hooks.pause_heard(result.utterance_id, heard)
         elif result.mode == "final":
             await self._on_final(result)

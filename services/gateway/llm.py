@@ -46,6 +46,7 @@ class OpenAiAgent:
     """Streams a reply from an OpenAI-compatible chat completions endpoint."""
 
     name = "openai"
+    prepare_safe = True  # no tools: its reply is only text
 
     def __init__(self, settings: LlmSettings, client: httpx.AsyncClient | None = None) -> None:
         self.settings = settings

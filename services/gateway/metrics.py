@@ -85,3 +85,15 @@ SPECULATIVE_ASR = Counter(
     "or failed.",
     ["outcome"],
 )
+PREPARED_REPLIES = Counter(
+    "va_gateway_prepared_replies_total",
+    "Replies prepared during a pause (agent and first TTS pieces started on the speculative "
+    "transcript): used (the turn ended there) or discarded (the user went on).",
+    ["outcome"],
+)
+PREPARED_TTS_SECONDS = Counter(
+    "va_gateway_prepared_tts_audio_seconds_total",
+    "Seconds of agent audio synthesized for prepared replies, by outcome: the discarded "
+    "ones are the TTS work the preparation cost.",
+    ["outcome"],
+)

@@ -102,6 +102,11 @@ class Reply:
         self.audio = ResponseAudio(self.id)
 
     @property
+    def audio_seconds(self) -> float:
+        """Seconds of audio the TTS has sent for it so far (its TTS work)."""
+        return self.audio.received_bytes / (2 * self.config.output_sample_rate)
+
+    @property
     def speaking(self) -> bool:
         """Its audio is playing at the client (speech over it may barge in)."""
         return not self.done and self.playout.sent_bytes > 0

@@ -29,6 +29,8 @@ class ResponseAudio:
         self.text_complete = False
         self._seq = 0
         self.changed = asyncio.Event()
+        self.received_bytes = 0
+        """Audio accepted so far (repeats not counted)."""
 
     def add_text(self, text: str) -> int:
         """Register the next text chunk; returns its sequence number."""
@@ -48,6 +50,7 @@ class ResponseAudio:
         if index < self.chunks[seq].next_index:
             return False
         self.chunks[seq].audio[index] = pcm
+        self.received_bytes += len(pcm)
         self.changed.set()
         return True
 

@@ -71,6 +71,18 @@ class SessionServices:
 
 
 @dataclass
+class _Prepared:
+    """A reply started on a pause's speculative transcript, held back until the turn ends."""
+
+    reply: Reply
+    utterance_id: str
+    text: str
+    """The user's words it answers."""
+    history: int
+    """How many turns the history had before them."""
+
+
+@dataclass
 class _Held:
     """A user turn the end-of-turn policy is holding on: the user may go on."""
 
@@ -109,6 +121,7 @@ class Session:
             self.settings.inbox_size
         )
         self.reply: Reply | None = None
+        self._prepared: _Prepared | None = None
         self._held: _Held | None = None
         self._children: set[asyncio.Task[None]] = set()
         self.hearing = Hearing(
@@ -209,7 +222,23 @@ class Session:
         await self.channel.send(TranscriptPartial(utterance_id=utterance_id, text=text))
 
     async def pause_heard(self, utterance_id: str, heard: Heard) -> None:
-        """The speculative transcript of a pause (a reply may be prepared from it)."""
+        """The speculative transcript of a pause: prepare the reply to it, held back."""
+        await self._discard_prepared()
+        if not self.settings.prepare_replies or not heard.text.strip():
+            return
+        if self.reply is not None or self._held is not None:
+            return  # the agent is speaking, or an earlier turn is held: not a fresh turn
+        agent = self.services.agents[self.config.agent]()
+        if not getattr(agent, "prepare_safe", True):  # one written before the flag: text only
+            return
+        history = [*self.history, Turn("user", heard.text)]
+        source = _respond(agent, history, self.config.instructions)
+        reply = Reply(self._replies, self.config, source, self.config.agent, utterance_id)
+        self._prepared = _Prepared(reply, utterance_id, heard.text, len(self.history))
+        await reply.start(held=True)
+
+    async def speech_resumed(self, utterance_id: str) -> None:
+        await self._discard_prepared()  # the user went on: what was prepared is not the answer
 
     async def transcript(self, utterance: Utterance, text: str) -> None:
         await self.channel.send(
@@ -283,6 +312,14 @@ class Session:
     ) -> None:
         await self._cancel_reply()
         self._drop_held()  # a reply now supersedes the held turn
+        prepared, self._prepared = self._prepared, None
+        if fixed_text is None and prepared is not None and self._answers(prepared, utterance_id):
+            metrics.PREPARED_REPLIES.labels("used").inc()
+            metrics.PREPARED_TTS_SECONDS.labels("used").inc(prepared.reply.audio_seconds)
+            self.reply = prepared.reply
+            await prepared.reply.release(utterance_id, speech_end_at)
+            return
+        await self._discard(prepared)
         if fixed_text is not None:
             source, agent = _fixed(fixed_text), None
         else:
@@ -294,8 +331,26 @@ class Session:
     def _agent_source(self) -> TextSource:
         """The session's agent on the history as it is now (a snapshot)."""
         agent = self.services.agents[self.config.agent]()
-        history, instructions = list(self.history), self.config.instructions
-        return lambda: agent.respond(history, instructions)
+        return _respond(agent, list(self.history), self.config.instructions)
+
+    def _answers(self, prepared: _Prepared, utterance_id: str | None) -> bool:
+        """Whether a prepared reply answers the turn that just ended: the same utterance,
+        the same words, on the same history (nothing else was said since)."""
+        return (
+            prepared.utterance_id == utterance_id
+            and prepared.history == len(self.history) - 1
+            and self.history[-1] == Turn("user", prepared.text)
+        )
+
+    async def _discard_prepared(self) -> None:
+        prepared, self._prepared = self._prepared, None
+        await self._discard(prepared)
+
+    async def _discard(self, prepared: _Prepared | None) -> None:
+        if prepared is not None:
+            metrics.PREPARED_REPLIES.labels("discarded").inc()
+            await prepared.reply.discard()
+            metrics.PREPARED_TTS_SECONDS.labels("discarded").inc(prepared.reply.audio_seconds)
 
     async def _cancel_reply(self) -> None:
         reply, self.reply = self.reply, None
@@ -340,8 +395,12 @@ class Session:
                 await self.hearing.on_failed(result)
 
     def _reply_of(self, response_id: str) -> Reply | None:
-        reply = self.reply
-        return reply if reply is not None and reply.id == response_id else None
+        """The reply playing, or the one prepared, that a TTS result belongs to."""
+        prepared = self._prepared.reply if self._prepared is not None else None
+        for reply in (self.reply, prepared):
+            if reply is not None and reply.id == response_id:
+                return reply
+        return None
 
     # ------------------------------------------------------------------ tasks
 
@@ -354,10 +413,16 @@ class Session:
     async def _stop(self) -> None:
         self._drop_held()
         self.hearing.stop()
+        if self._prepared is not None:
+            await self._prepared.reply.stop()
         if self.reply is not None:
             await self.reply.stop()
         for task in list(self._children):
             task.cancel()
+
+
+def _respond(agent: Agent, history: list[Turn], instructions: str | None) -> TextSource:
+    return lambda: agent.respond(history, instructions)
 
 
 def _fixed(text: str) -> TextSource:

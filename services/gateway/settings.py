@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import BaseModel, Field
 
 from services.common.audio.vad import VadSettings
@@ -81,10 +83,19 @@ class GatewaySection(BaseModel):
     """`smart-turn`: the model's probability at or above which the turn is complete."""
     smart_turn_threads: int = Field(default=1, ge=0, le=64)
     """`smart-turn`: onnxruntime threads of the one model per process (0: every core)."""
+    models_dir: Path = Path("models")
+    """Where pulled models live: Smart Turn in `<models_dir>/smart-turn-v3.2` (`make run`
+    extracts it there: `voice-agent models pull smart-turn`), else the `smart-turn` extra's
+    pipecat-ai wheel."""
     speculative_asr: bool = True
     """Send the utterance to the ASR at each pause and keep that transcript if the turn
     then ends with no more speech (the transcript is ready sooner); otherwise it is
     dropped (`va_gateway_speculative_asr_total{outcome="wasted"}`)."""
+    prepare_replies: bool = True
+    """When a pause's speculative transcript arrives, start the agent and the first TTS
+    pieces on it, holding everything back: if the turn ends at that pause the reply plays
+    at once, if the user goes on it is discarded unseen (agents that are not safe to run
+    early, such as ones with side-effecting tools, are never prepared)."""
     barge_in_min_ms: int = Field(default=300, ge=0, le=5000)
     """User speech must last this long during agent audio to interrupt it (a cough does not)."""
     resume_window_s: int = Field(default=300, ge=10, le=86_400)

