@@ -39,7 +39,8 @@ import numpy as np
 from benchmarks import chatterbox_random
 from services.loadtest.report import versions, write
 from services.tts.engines.base import AudioF32, SpeechRequest
-from services.tts.engines.chatterbox import ChatterboxEngine, Sampling, SpeechBackend, load_backend
+from services.tts.engines.chatterbox import ChatterboxEngine, load_backend
+from services.tts.engines.chatterbox_backend import Sampling, SpeechBackend
 from services.tts.settings import TOKEN_MS, ChatterboxSettings
 
 SENTENCE = "Streaming speech starts playing long before the whole sentence is ready."

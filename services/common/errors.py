@@ -19,6 +19,10 @@ class VoiceAgentError(Exception):
         super().__init__(message)
         self.message = message
 
+    def body(self) -> dict[str, dict[str, str]]:
+        """The JSON body of a REST error (OpenAI's shape, our code): every HTTP edge uses it."""
+        return {"error": {"message": self.message, "type": self.code, "code": self.code}}
+
 
 class InvalidMessage(VoiceAgentError):
     """A client message that is not valid JSON or not a known event."""

@@ -143,8 +143,8 @@ def create_app(
     ) -> JSONResponse:
         """Drain this gateway (docs/kubernetes.md): loopback callers only."""
         if not request.client or not is_loopback(request.client.host):
-            body = {"error": {"message": "drain is for local callers only", "code": "forbidden"}}
-            return JSONResponse(body, 403)
+            refused = Forbidden("drain is for local callers only")
+            return JSONResponse(refused.body(), refused.http_status)
         report = await drainer.drain(grace_s, wait_s)
         return JSONResponse(report.model_dump(), 200 if report.remaining == 0 else 504)
 
@@ -184,6 +184,7 @@ def create_app(
             voice=section.default_voice,
             agent=section.default_agent,
             language=section.default_language,
+            partials=section.partials,
             **(initial or {}),
         )
         config = token_settings(config, principal.session, agents)

@@ -213,7 +213,9 @@ class Hearing:
         interval = self.settings.partial_interval_ms
         utterance_id = self.utterance_id
         segmenter = self.listener.segmenter
-        if utterance_id is None or not self.listener.partial_due(self._last_partial_ms, interval):
+        if not self.config.partials or utterance_id is None:
+            return
+        if not self.listener.partial_due(self._last_partial_ms, interval):
             return
         if segmenter.trailing_silence_ms > 0:
             return  # nothing new to hear; the ASR is kept free for the pause's final

@@ -11,10 +11,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from services.common.audio.pcm import ALLOWED_SAMPLE_RATES
 from services.common.errors import InvalidMessage, UnsupportedSampleRate
 from services.common.protocol.events import TurnDetection
 
-RATES = (8000, 16000, 24000, 48000)
+RATES = ALLOWED_SAMPLE_RATES
 
 
 class _Loose(BaseModel):
@@ -240,6 +241,8 @@ def native_patch(session: RtSession) -> dict[str, Any]:
     elif "turn_detection" in session.model_fields_set:
         patch["turn_detection"] = _turns(session.turn_detection).model_dump(exclude_none=True)
     transcription = source.transcription or session.input_audio_transcription
-    if transcription is not None and transcription.language:
-        patch["language"] = transcription.language
+    if transcription is not None:  # OpenAI streams transcription deltas only when asked to
+        patch["partials"] = True
+        if transcription.language:
+            patch["language"] = transcription.language
     return patch

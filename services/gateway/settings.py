@@ -37,7 +37,12 @@ class GatewaySection(BaseModel):
     first_chunk_words: int = Field(default=6, ge=1, le=100)
     """The first text chunk sent to TTS is cut at a clause once it has this many words."""
     partial_interval_ms: int = Field(default=600, ge=0, le=10_000)
-    """While the user speaks, a partial transcript is asked for this often (0: never)."""
+    """While the user speaks, a partial transcript is asked for this often (0: never), in
+    sessions that show partials."""
+    partials: bool = False
+    """Whether a session sends `transcript.partial` unless it says otherwise (`session.update`
+    `partials`): each partial is one more ASR pass over the utterance so far, about half of
+    a turn's ASR work, and only a client that shows live captions needs them."""
     end_of_turn: str = Field(default="auto", min_length=1, max_length=200)
     """End-of-turn policy: `smart-turn` (an audio model asked at each pause), `silence`
     (the VAD's silence alone), `heuristic` (hold on after a trailing "and", "um",

@@ -239,6 +239,7 @@ async def running_session(
     vad: VadSettings | None = None,
     agents: dict[str, Callable[[], Agent]] = AGENTS,
     end_of_turn: EndOfTurn | None = None,
+    partials: bool = True,
     **bus_options: Any,
 ) -> AsyncIterator[Harness]:
     """A session serving a fake socket; the user hangs up at the end."""
@@ -249,7 +250,7 @@ async def running_session(
     policy = end_of_turn or SilenceOnly(settings)
     hearing = listening(policy, vad or VadSettings(), settings)
     listener = Listener(cast(SileroVad, EnergyVad()), hearing, 16000)
-    config = SessionConfig(id="sess_test", output_sample_rate=16000)
+    config = SessionConfig(id="sess_test", output_sample_rate=16000, partials=partials)
     async with asyncio.TaskGroup() as tasks:
         services = SessionServices(cast(GatewayBus, bus), settings, agents, policy, clock=loop.time)
         io = Channel(socket, "gateway", 1 << 20)  # type: ignore[arg-type]

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from redis.asyncio import Redis
 
 from services.common.bus.connection import connect
 from services.common.bus.keys import Keys
@@ -95,15 +96,31 @@ async def test_worker_crash_loses_no_job_and_repeats_nothing(
         async with asyncio.timeout(10):
             while not await redis.xlen(replies):
                 await asyncio.sleep(0.05)
-        # the same job delivered again (e.g. a second reclaim) is skipped as done
-        await JobStream(redis, settings, stream, "asr", "producer").submit(job("once"))
-        await asyncio.sleep(1.5)
+        # the same job delivered again (e.g. a second reclaim) is skipped as done: wait
+        # until B has taken it and acknowledged it (no fixed sleep: a busy machine is slow)
+        again = await JobStream(redis, settings, stream, "asr", "producer").submit(job("once"))
+        async with asyncio.timeout(30):
+            while not await _handled(redis, stream, again):
+                await asyncio.sleep(0.05)
         assert await redis.xlen(replies) == 1
-        assert await worker_b.jobs.pending_count() == 0
     finally:
         task_b.cancel()
         await asyncio.gather(task_a, task_b, return_exceptions=True)
         await redis.aclose()
+
+
+async def _handled(redis: Redis, stream: str, entry_id: bytes) -> bool:
+    """Whether the group has delivered `entry_id` and nothing it delivered is pending."""
+    (group,) = await redis.xinfo_groups(stream)
+    last = group["last-delivered-id"]
+    delivered = _entry(last) >= _entry(entry_id)
+    return delivered and int(group["pending"]) == 0
+
+
+def _entry(entry_id: bytes | str) -> tuple[int, int]:
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    millis, _, seq = text.partition("-")
+    return int(millis), int(seq)
 
 
 async def test_worker_survives_a_redis_restart(tmp_path: Path) -> None:

@@ -115,6 +115,15 @@ async def test_partials_are_periodic_and_never_in_trailing_silence() -> None:
 
 
 @on_virtual_time
+async def test_a_session_that_does_not_show_partials_asks_for_none() -> None:
+    async with running_session(partials=False, transcripts=["hello there"]) as h:
+        await h.say(silence(300), tone(2500), silence(1000))
+        await h.wait_for("response.done")
+    assert [job for _, job, _ in h.bus.asr_jobs if job.mode == "partial"] == []
+    assert h.of_type("transcript.partial") == []
+
+
+@on_virtual_time
 async def test_at_most_one_partial_in_flight() -> None:
     async with running_session(transcripts=["a b"], answer_partials=False) as h:
         await h.say(silence(200), tone(3000), silence(900))

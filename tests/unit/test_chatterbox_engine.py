@@ -25,7 +25,8 @@ from pydantic import ValidationError
 
 from services.common.errors import EngineUnavailable, UnknownVoice
 from services.tts.engines.base import LibraryVoice, SpeechRequest, TtsEngine
-from services.tts.engines.chatterbox import REQUIRED_FILES, ChatterboxEngine, Sampling
+from services.tts.engines.chatterbox import REQUIRED_FILES, ChatterboxEngine
+from services.tts.engines.chatterbox_backend import Sampling
 from services.tts.settings import ChatterboxSettings
 
 RATE = 24000

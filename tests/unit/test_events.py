@@ -103,6 +103,7 @@ def test_server_events_serialize_per_contract() -> None:
             "voice": "default",
             "language": "en",
             "agent": "echo",
+            "partials": False,
         },
     }
     error = json.loads(ErrorEvent(code="invalid_audio", message="m").dump())

@@ -12,6 +12,7 @@ from prometheus_client import REGISTRY, generate_latest
 
 import services.asr.metrics
 import services.common.metrics
+import services.duplex.metrics
 import services.gateway.metrics
 import services.tts.metrics  # noqa: F401  (every service's metrics declared in this process)
 from tests.metric_names import (

@@ -48,6 +48,7 @@ def test_ga_session_update_maps_onto_the_native_session() -> None:
         "voice": "alloy",
         "input_sample_rate": 24000,
         "language": "en",
+        "partials": True,  # a transcription model asked for: its deltas are sent
         "turn_detection": {"type": "server_vad", "threshold": 0.6, "silence_ms": 400},
     }
 

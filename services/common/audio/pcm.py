@@ -6,7 +6,7 @@ All internal audio is mono float32 in [-1, 1]; the wire carries PCM16 little-end
 from __future__ import annotations
 
 import io
-from typing import Any, Final
+from typing import Any, Final, Literal, get_args
 
 import av
 import numpy as np
@@ -17,8 +17,9 @@ from services.common.errors import InvalidAudio, UnsupportedSampleRate
 
 AudioF32 = npt.NDArray[np.float32]
 
-ALLOWED_SAMPLE_RATES: Final = (8000, 16000, 24000, 48000)
-"""The PCM16 sample rates the wire contract accepts (docs/protocol.md)."""
+SampleRate = Literal[8000, 16000, 24000, 48000]
+"""A PCM16 sample rate the wire contract accepts (docs/protocol.md)."""
+ALLOWED_SAMPLE_RATES: Final[tuple[int, ...]] = get_args(SampleRate)
 
 _INT16_SCALE: Final = 32768.0
 SILENT: Final = 0.01

@@ -74,8 +74,7 @@ def retry_headers(exc: VoiceAgentError) -> dict[str, str] | None:
 
 
 def error_response(exc: VoiceAgentError) -> JSONResponse:
-    body = {"error": {"message": exc.message, "type": exc.code, "code": exc.code}}
-    return JSONResponse(body, exc.http_status, headers=retry_headers(exc))
+    return JSONResponse(exc.body(), exc.http_status, headers=retry_headers(exc))
 
 
 async def refuse_handshake(ws: WebSocket, exc: VoiceAgentError) -> None:
@@ -102,12 +101,19 @@ class AuthGuard:
     """The middleware; one per app, sharing the app's Redis client."""
 
     def __init__(
-        self, app: ASGIApp, settings: AuthSettings, redis: Redis, prefix: str, service: str
+        self,
+        app: ASGIApp,
+        settings: AuthSettings,
+        redis: Redis,
+        prefix: str,
+        service: str,
+        keys: KeyStore | None = None,
     ) -> None:
         self.app = app
         self.settings = settings
         self.service = service
-        self.keys = KeyStore(redis, prefix, settings.token_secret.get_secret_value())
+        self.keys = keys or KeyStore(redis, prefix, settings.token_secret.get_secret_value())
+        """The app's one key store (`install_auth` passes the one its token route uses)."""
         self.limiter = Limiter(redis, prefix)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

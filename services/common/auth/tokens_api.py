@@ -43,7 +43,9 @@ def install_auth(
     `POST /v1/sessions`."""
     install_redaction()
     keys = KeyStore(redis, prefix, settings.token_secret.get_secret_value())
-    app.add_middleware(AuthGuard, settings=settings, redis=redis, prefix=prefix, service=service)
+    app.add_middleware(
+        AuthGuard, settings=settings, redis=redis, prefix=prefix, service=service, keys=keys
+    )
     if settings.allowed_origins:  # outermost: preflights are answered before the guard
         app.add_middleware(
             CORSMiddleware,

@@ -11,9 +11,8 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from services.common.audio.pcm import SampleRate
 from services.common.errors import InvalidMessage, UnsupportedSampleRate
-
-SampleRate = Literal[8000, 16000, 24000, 48000]
 
 
 def _not_blank(value: str) -> str:
@@ -73,6 +72,8 @@ class SessionConfig(BaseModel):
     instructions: str | None = None
     tts: TtsStyle | None = None
     turn_detection: TurnDetection | None = None
+    partials: bool = False
+    """Send `transcript.partial` while the user speaks (each costs an ASR pass)."""
     resumed: bool | None = None
 
 
@@ -89,6 +90,7 @@ class SessionPatch(BaseModel):
     instructions: str | None = Field(default=None, max_length=16_384)
     tts: TtsStyle | None = None
     turn_detection: TurnDetection | None = None
+    partials: bool | None = None
 
 
 # ---------------------------------------------------------------- client → gateway

@@ -64,11 +64,12 @@ class LoopLagMonitor:
         EVENT_LOOP_LAG.labels(self.service).observe(lag_s)
 
     async def run(self) -> None:
-        """Sample until cancelled."""
+        """Sample until cancelled (on the loop's own clock: monotonic, or a test's)."""
+        loop = asyncio.get_running_loop()
         while True:
-            due = time.monotonic() + self.interval_s
+            due = loop.time() + self.interval_s
             await asyncio.sleep(self.interval_s)
-            self.record(max(0.0, time.monotonic() - due))
+            self.record(max(0.0, loop.time() - due))
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:

@@ -132,11 +132,6 @@ class ServiceState:
         await asyncio.to_thread(self.gpu)
 
 
-def error_body(exc: VoiceAgentError) -> dict[str, Any]:
-    """The JSON error body of REST endpoints (OpenAI's shape, our code)."""
-    return {"error": {"message": exc.message, "type": exc.code, "code": exc.code}}
-
-
 def _first_problem(errors: Sequence[Any]) -> tuple[str, str]:
     """(where, what) of the first validation error, e.g. ("sample_rate", "Input should be...")."""
     first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
@@ -208,7 +203,7 @@ def install_ops(app: FastAPI, state: ServiceState) -> None:
 
     def reply(exc: VoiceAgentError, headers: Mapping[str, str] | None = None) -> JSONResponse:
         metrics.ERRORS.labels(state.service, exc.code).inc()
-        return JSONResponse(error_body(exc), exc.http_status, headers=headers)
+        return JSONResponse(exc.body(), exc.http_status, headers=headers)
 
     @app.exception_handler(VoiceAgentError)
     async def domain_error(_: Request, exc: VoiceAgentError) -> JSONResponse:

@@ -231,7 +231,7 @@ const handlers = {
   "session.created": (e) => {
     va.sessionId = e.session.id;
     const rate = va.sampleRate;
-    send({ type: "session.update", session: { input_sample_rate: rate, output_sample_rate: rate, voice: $("voice").value } });
+    send({ type: "session.update", session: { input_sample_rate: rate, output_sample_rate: rate, voice: $("voice").value, partials: true } });
   },
   "session.updated": (e) => {
     if (va.state !== "live") {

@@ -20,14 +20,14 @@ from __future__ import annotations
 import os
 import re
 import threading
-from collections.abc import Callable, Iterator, MutableMapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from services.common.errors import EngineUnavailable, UnknownVoice
 from services.common.platform.devices import pin_gpu
 from services.tts.engines.base import AudioF32, LibraryVoice, SpeechRequest
+from services.tts.engines.chatterbox_backend import SpeechBackend, sampling_of
 from services.tts.engines.streaming import CrossFader, FairLock, Segment, TokenChunker
 from services.tts.settings import TOKEN_MS, ChatterboxSettings
 
@@ -35,39 +35,6 @@ DEFAULT_VOICE = "default"
 REQUIRED_FILES = ("ve.safetensors", "t3_cfg.safetensors", "s3gen.safetensors", "tokenizer.json")
 """What `ChatterboxTTS.from_local` reads (`conds.pt`, the built-in voice, is optional)."""
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-
-
-@dataclass(frozen=True, slots=True)
-class Sampling:
-    """How one request's speech tokens are sampled."""
-
-    exaggeration: float
-    cfg_weight: float
-    temperature: float
-    min_p: float
-    top_p: float
-    repetition_penalty: float
-    max_new_tokens: int
-
-
-class SpeechBackend(Protocol):
-    """A loaded chatterbox model, driven step by step. Every call runs on the model."""
-
-    sample_rate: int
-    builtin_conds: Any
-    """The model's own voice (`conds.pt`), or None."""
-
-    def prepare(self, clip: Path, exaggeration: float) -> Any:
-        """The conditioning of a reference clip."""
-        ...
-
-    def tokens(self, conds: Any, text: str, sampling: Sampling) -> Iterator[int]:
-        """Speech tokens, one per `next()` (one T3 step each), until the end of speech."""
-        ...
-
-    def render(self, conds: Any, tokens: Sequence[int], final: bool) -> AudioF32:
-        """S3Gen audio of `tokens`; unless `final`, the last 3 tokens are left out."""
-        ...
 
 
 BackendFactory = Callable[[Path | None, str, ChatterboxSettings], SpeechBackend]
@@ -79,19 +46,6 @@ def load_backend(folder: Path | None, device: str, settings: ChatterboxSettings)
     from services.tts.engines.chatterbox_torch import load_torch_backend
 
     return load_torch_backend(folder, device, settings)
-
-
-def sampling_of(settings: ChatterboxSettings, request: SpeechRequest) -> Sampling:
-    """The request's sampling: its own style where it sets one, the settings' otherwise."""
-    return Sampling(
-        exaggeration=_pick(request.exaggeration, settings.exaggeration),
-        cfg_weight=_pick(request.cfg_weight, settings.cfg_weight),
-        temperature=_pick(request.temperature, settings.temperature),
-        min_p=settings.min_p,
-        top_p=settings.top_p,
-        repetition_penalty=settings.repetition_penalty,
-        max_new_tokens=settings.max_new_tokens,
-    )
 
 
 def resolve_device(settings: ChatterboxSettings, environ: MutableMapping[str, str]) -> str:
@@ -295,10 +249,6 @@ class ChatterboxEngine:
         """One S3Gen rendering, on the model in its turn."""
         with self._gpu:
             return backend.render(conds, segment.tokens, segment.final)
-
-
-def _pick(value: float | None, default: float) -> float:
-    return default if value is None else value
 
 
 def _never() -> bool:

@@ -33,7 +33,7 @@ import numpy as np
 
 from services.common.errors import EngineUnavailable
 from services.tts.engines.base import AudioF32, SpeechRequest
-from services.tts.engines.chatterbox import Sampling, sampling_of
+from services.tts.engines.chatterbox_backend import Sampling, sampling_of
 from services.tts.settings import S3GEN_LOOKAHEAD_TOKENS, TOKEN_MS, ChatterboxSettings
 
 log = logging.getLogger(__name__)
