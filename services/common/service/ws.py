@@ -42,7 +42,13 @@ class Channel:
         self.closed = False
 
     async def receive(self) -> Frame:
-        """The next frame; Disconnected when the peer closed; FrameTooBig above the cap."""
+        """The next frame; Disconnected when the peer closed; FrameTooBig above the cap.
+
+        Once a send found the peer gone (its close was answered by the server's protocol
+        at once), frames still queued behind it are not read: the connection's work stops
+        then, not after a backlog of audio it will never answer."""
+        if self.closed:
+            raise Disconnected
         message = await self.ws.receive()
         if message["type"] == "websocket.disconnect":
             self.closed = True
