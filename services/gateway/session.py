@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +45,8 @@ from services.gateway.agent import Agent, Turn
 from services.gateway.bus import GatewayBus
 from services.gateway.codec import AudioIn, ClientInput, SessionChannel
 from services.gateway.hearing import Hearing, Utterance
-from services.gateway.reply import Reply, ReplyContext, Status, TextSource
+from services.gateway.replies import Replies
+from services.gateway.reply import Reply, ReplyContext, Status
 from services.gateway.settings import GatewaySection
 from services.gateway.store import SessionStore
 from services.gateway.turn_end import EndOfTurn, Heard
@@ -68,27 +69,6 @@ class SessionServices:
     end_of_turn: EndOfTurn
     store: SessionStore | None = None
     clock: Callable[[], float] = time.monotonic
-
-
-@dataclass
-class _Prepared:
-    """A reply started on a pause's speculative transcript, held back until the turn ends."""
-
-    reply: Reply
-    utterance_id: str
-    text: str
-    """The user's words it answers."""
-    history: int
-    """How many turns the history had before them."""
-
-
-@dataclass
-class _Held:
-    """A user turn the end-of-turn policy is holding on: the user may go on."""
-
-    utterance_id: str
-    speech_end_at: float
-    timer: asyncio.TimerHandle | None  # None once the user spoke again
 
 
 class Session:
@@ -120,9 +100,6 @@ class Session:
         self.inbox: asyncio.Queue[tuple[BusResult, bytes | None, float]] = asyncio.Queue(
             self.settings.inbox_size
         )
-        self.reply: Reply | None = None
-        self._prepared: _Prepared | None = None
-        self._held: _Held | None = None
         self._children: set[asyncio.Task[None]] = set()
         self.hearing = Hearing(
             config,
@@ -135,8 +112,11 @@ class Session:
             spawn=self._spawn,
             clock=self.clock,
         )
-        self._replies = ReplyContext(
+        context = ReplyContext(
             channel, self.bus, self.settings, tenant, self._spawn, self.clock, self._reply_ended
+        )
+        self.replies = Replies(
+            context, self.settings, services.agents, lambda: self.config, self.history
         )
 
     # ------------------------------------------------------------------ client inputs
@@ -172,11 +152,11 @@ class Session:
                 self.hearing.clear()
             case ConversationText():
                 await self._user_turn(item.text)
-                await self._start_reply(None, None)
+                await self.replies.start(None, None)
             case ResponseCreate():
-                await self._start_reply(None, None, fixed_text=item.text)
+                await self.replies.start(None, None, fixed_text=item.text)
             case ResponseCancel():
-                await self._cancel_reply()
+                await self.replies.cancel()
             case SessionClose():
                 raise SessionClosed
 
@@ -204,41 +184,26 @@ class Session:
     # ------------------------------------------------------------------ hearing's reports
 
     def speaking(self) -> bool:
-        return self.reply is not None and self.reply.speaking
+        return self.replies.speaking()
 
     async def speech_started(self, utterance_id: str, start_ms: int) -> None:
         await self.channel.send(SpeechStarted(utterance_id=utterance_id, audio_start_ms=start_ms))
-        if self._held is not None and self._held.timer is not None:
-            self._held.timer.cancel()  # the user goes on: wait for the rest
-            self._held.timer = None
+        self.replies.user_goes_on()
 
     async def speech_stopped(self, utterance_id: str, end_ms: int) -> None:
         await self.channel.send(SpeechStopped(utterance_id=utterance_id, audio_end_ms=end_ms))
 
     async def barged_in(self) -> None:
-        await self._cancel_reply()
+        await self.replies.cancel()
 
     async def partial(self, utterance_id: str, text: str) -> None:
         await self.channel.send(TranscriptPartial(utterance_id=utterance_id, text=text))
 
     async def pause_heard(self, utterance_id: str, heard: Heard) -> None:
-        """The speculative transcript of a pause: prepare the reply to it, held back."""
-        await self._discard_prepared()
-        if not self.settings.prepare_replies or not heard.text.strip():
-            return
-        if self.reply is not None or self._held is not None:
-            return  # the agent is speaking, or an earlier turn is held: not a fresh turn
-        agent = self.services.agents[self.config.agent]()
-        if not getattr(agent, "prepare_safe", True):  # one written before the flag: text only
-            return
-        history = [*self.history, Turn("user", heard.text)]
-        source = _respond(agent, history, self.config.instructions)
-        reply = Reply(self._replies, self.config, source, self.config.agent, utterance_id)
-        self._prepared = _Prepared(reply, utterance_id, heard.text, len(self.history))
-        await reply.start(held=True)
+        await self.replies.prepare(utterance_id, heard)
 
     async def speech_resumed(self, utterance_id: str) -> None:
-        await self._discard_prepared()  # the user went on: what was prepared is not the answer
+        await self.replies.discard_prepared()  # the user went on: not the answer
 
     async def transcript(self, utterance: Utterance, text: str) -> None:
         await self.channel.send(
@@ -252,18 +217,17 @@ class Session:
         if text.strip():
             await self._user_said(text, utterance.id, utterance.speech_end_at)
         else:
-            await self._release_held()  # the user made a sound but said nothing more
+            await self.replies.release_held()  # a sound, but nothing more was said
 
     async def asr_failed(self, error: VoiceAgentError) -> None:
         await self.channel.send_error(error)
-        await self._release_held()
+        await self.replies.release_held()
 
-    # ------------------------------------------------------------------ the turn hold
+    # ------------------------------------------------------------------ the turn
 
     async def _user_said(self, text: str, utterance_id: str, speech_end_at: float) -> None:
         """A transcript ends the user's turn, unless the end-of-turn policy holds on."""
-        held = self._drop_held()
-        if held is not None and held.timer is None and self.history:
+        if self.replies.continued() and self.history:
             metrics.TURN_HOLDS.labels("continued").inc()
             last = self.history[-1]
             self.history[-1] = Turn("user", f"{last.text} {text}")  # one turn, two breaths
@@ -273,27 +237,9 @@ class Session:
         policy = self.services.end_of_turn
         hold_ms = await policy.hold_ms(list(self.history), self.history[-1].text)
         if hold_ms <= 0:
-            await self._start_reply(utterance_id, speech_end_at)
-            return
-        timer = asyncio.get_running_loop().call_later(hold_ms / 1000, self._hold_expired)
-        self._held = _Held(utterance_id, speech_end_at, timer)
-
-    def _drop_held(self) -> _Held | None:
-        """Forget the held turn, its timer stopped; returns it."""
-        held, self._held = self._held, None
-        if held is not None and held.timer is not None:
-            held.timer.cancel()
-        return held
-
-    def _hold_expired(self) -> None:
-        metrics.TURN_HOLDS.labels("expired").inc()
-        self._spawn(self._release_held(), "hold-expired")
-
-    async def _release_held(self) -> None:
-        """Answer the held turn now (its hold ran out, or what followed had no words)."""
-        held = self._drop_held()
-        if held is not None:
-            await self._start_reply(held.utterance_id, held.speech_end_at)
+            await self.replies.start(utterance_id, speech_end_at)
+        else:
+            self.replies.hold(utterance_id, speech_end_at, hold_ms)
 
     # ------------------------------------------------------------------ history
 
@@ -307,60 +253,9 @@ class Session:
 
     # ------------------------------------------------------------------ replies
 
-    async def _start_reply(
-        self, utterance_id: str | None, speech_end_at: float | None, fixed_text: str | None = None
-    ) -> None:
-        await self._cancel_reply()
-        self._drop_held()  # a reply now supersedes the held turn
-        prepared, self._prepared = self._prepared, None
-        if fixed_text is None and prepared is not None and self._answers(prepared, utterance_id):
-            metrics.PREPARED_REPLIES.labels("used").inc()
-            metrics.PREPARED_TTS_SECONDS.labels("used").inc(prepared.reply.audio_seconds)
-            self.reply = prepared.reply
-            await prepared.reply.release(utterance_id, speech_end_at)
-            return
-        await self._discard(prepared)
-        if fixed_text is not None:
-            source, agent = _fixed(fixed_text), None
-        else:
-            source, agent = self._agent_source(), self.config.agent
-        reply = Reply(self._replies, self.config, source, agent, utterance_id, speech_end_at)
-        self.reply = reply
-        await reply.start()
-
-    def _agent_source(self) -> TextSource:
-        """The session's agent on the history as it is now (a snapshot)."""
-        agent = self.services.agents[self.config.agent]()
-        return _respond(agent, list(self.history), self.config.instructions)
-
-    def _answers(self, prepared: _Prepared, utterance_id: str | None) -> bool:
-        """Whether a prepared reply answers the turn that just ended: the same utterance,
-        the same words, on the same history (nothing else was said since)."""
-        return (
-            prepared.utterance_id == utterance_id
-            and prepared.history == len(self.history) - 1
-            and self.history[-1] == Turn("user", prepared.text)
-        )
-
-    async def _discard_prepared(self) -> None:
-        prepared, self._prepared = self._prepared, None
-        await self._discard(prepared)
-
-    async def _discard(self, prepared: _Prepared | None) -> None:
-        if prepared is not None:
-            metrics.PREPARED_REPLIES.labels("discarded").inc()
-            await prepared.reply.discard()
-            metrics.PREPARED_TTS_SECONDS.labels("discarded").inc(prepared.reply.audio_seconds)
-
-    async def _cancel_reply(self) -> None:
-        reply, self.reply = self.reply, None
-        if reply is not None:
-            await reply.cancel()
-
     async def _reply_ended(self, reply: Reply, status: Status, text: str) -> None:
         """A reply ended: the agent's turn is what the user heard of it."""
-        if self.reply is reply:
-            self.reply = None
+        self.replies.ended(reply)
         if text and status in ("completed", "cancelled"):
             self.history.append(Turn("agent", text))
             await self._save()
@@ -378,29 +273,21 @@ class Session:
             case AsrResult():
                 await self.hearing.on_result(result)
             case TtsChunk():
-                reply = self._reply_of(result.response_id)
+                reply = self.replies.of(result.response_id)
                 if reply is None:
                     metrics.STALE_DROPPED.labels("tts_chunk").inc()
                 else:
                     reply.on_chunk(result, audio)
             case TtsDone():
-                reply = self._reply_of(result.response_id)
+                reply = self.replies.of(result.response_id)
                 if reply is not None:
                     reply.on_done(result)
             case JobFailed() if result.response_id is not None:
-                reply = self._reply_of(result.response_id)
+                reply = self.replies.of(result.response_id)
                 if reply is not None:
                     await reply.on_failed(result)
             case JobFailed():
                 await self.hearing.on_failed(result)
-
-    def _reply_of(self, response_id: str) -> Reply | None:
-        """The reply playing, or the one prepared, that a TTS result belongs to."""
-        prepared = self._prepared.reply if self._prepared is not None else None
-        for reply in (self.reply, prepared):
-            if reply is not None and reply.id == response_id:
-                return reply
-        return None
 
     # ------------------------------------------------------------------ tasks
 
@@ -411,22 +298,7 @@ class Session:
         return task
 
     async def _stop(self) -> None:
-        self._drop_held()
         self.hearing.stop()
-        if self._prepared is not None:
-            await self._prepared.reply.stop()
-        if self.reply is not None:
-            await self.reply.stop()
+        await self.replies.stop()
         for task in list(self._children):
             task.cancel()
-
-
-def _respond(agent: Agent, history: list[Turn], instructions: str | None) -> TextSource:
-    return lambda: agent.respond(history, instructions)
-
-
-def _fixed(text: str) -> TextSource:
-    async def say() -> AsyncIterator[str]:
-        yield text
-
-    return say
