@@ -2,9 +2,10 @@
 
 The `Session` dispatches the client's typed inputs (its channel's codec made them), routes
 bus results to its `Hearing` (services/gateway/hearing.py: VAD, partials, speculation,
-the pause policy, ASR jobs) or to the `Reply` they answer (services/gateway/reply.py:
-agent text, TTS jobs, playout), holds a finished turn while the end-of-turn policy waits
-for more speech, and keeps the history. Bus results arrive through an inbox, so one slow
+the pause policy, ASR jobs) or to the reply they answer (services/gateway/replies.py: the
+reply playing, the one prepared during a pause, the turn the end-of-turn policy holds;
+each a `Reply`, services/gateway/reply.py: agent text, TTS jobs, playout), and keeps the
+history. Bus results arrive through an inbox, so one slow
 client never stalls the gateway's result reader. Every task the session starts lives in
 the connection's task group and is cancelled with it.
 
