@@ -27,6 +27,7 @@ from services.common.bus.messages import AsrResult, BusResult, JobFailed, TtsChu
 from services.common.errors import InvalidMessage, VoiceAgentError
 from services.common.protocol.events import (
     ConversationText,
+    ConversationToolResult,
     InputAudioClear,
     InputAudioCommit,
     ResponseCancel,
@@ -41,7 +42,14 @@ from services.common.protocol.events import (
     TranscriptPartial,
 )
 from services.gateway import metrics
-from services.gateway.agent import Agent, Turn
+from services.gateway.agent import (
+    Agent,
+    ClientTools,
+    Turn,
+    agent_stream,
+    can_prepare,
+    reply_turns,
+)
 from services.gateway.bus import GatewayBus
 from services.gateway.codec import AudioIn, ClientInput, SessionChannel
 from services.gateway.hearing import Hearing, Utterance
@@ -179,6 +187,8 @@ class Session:
                 await self._cancel_reply()
             case SessionClose():
                 raise SessionClosed
+            case ConversationToolResult():
+                await self._tool_result(item)
 
     async def _update(self, message: SessionUpdate) -> None:
         patch = message.session.model_dump(exclude_none=True)
@@ -229,10 +239,10 @@ class Session:
         if self.reply is not None or self._held is not None:
             return  # the agent is speaking, or an earlier turn is held: not a fresh turn
         agent = self.services.agents[self.config.agent]()
-        if not getattr(agent, "prepare_safe", True):  # one written before the flag: text only
+        if not can_prepare(agent):  # one written before the flag: text only
             return
         history = [*self.history, Turn("user", heard.text)]
-        source = _respond(agent, history, self.config.instructions)
+        source = _respond(agent, history, self.config.instructions, self._tools())
         reply = Reply(self._replies, self.config, source, self.config.agent, utterance_id)
         self._prepared = _Prepared(reply, utterance_id, heard.text, len(self.history))
         await reply.start(held=True)
@@ -331,7 +341,10 @@ class Session:
     def _agent_source(self) -> TextSource:
         """The session's agent on the history as it is now (a snapshot)."""
         agent = self.services.agents[self.config.agent]()
-        return _respond(agent, list(self.history), self.config.instructions)
+        return _respond(agent, list(self.history), self.config.instructions, self._tools())
+
+    def _tools(self) -> ClientTools:
+        return ClientTools(tuple(self.config.tools or ()), self.config.tool_choice or "auto")
 
     def _answers(self, prepared: _Prepared, utterance_id: str | None) -> bool:
         """Whether a prepared reply answers the turn that just ended: the same utterance,
@@ -352,6 +365,16 @@ class Session:
             await prepared.reply.discard()
             metrics.PREPARED_TTS_SECONDS.labels("discarded").inc(prepared.reply.audio_seconds)
 
+    async def _tool_result(self, result: ConversationToolResult) -> None:
+        """A client tool's output joins the history; the client's `response.create` next
+        lets the agent answer with it."""
+        pending = self.reply.tool_turns if self.reply is not None else []
+        calls = {c.id for turn in [*self.history, *pending] for c in turn.tool_calls}
+        if result.call_id not in calls:
+            raise InvalidMessage(f"no function call {result.call_id!r} in this conversation")
+        self.history.append(Turn("tool", result.output, call_id=result.call_id))
+        await self._save()
+
     async def _cancel_reply(self) -> None:
         reply, self.reply = self.reply, None
         if reply is not None:
@@ -361,8 +384,9 @@ class Session:
         """A reply ended: the agent's turn is what the user heard of it."""
         if self.reply is reply:
             self.reply = None
-        if text and status in ("completed", "cancelled"):
-            self.history.append(Turn("agent", text))
+        turns = reply_turns(text if status in ("completed", "cancelled") else "", reply.tool_turns)
+        if turns:
+            self.history += turns
             await self._save()
 
     # ------------------------------------------------------------------ bus results
@@ -421,8 +445,10 @@ class Session:
             task.cancel()
 
 
-def _respond(agent: Agent, history: list[Turn], instructions: str | None) -> TextSource:
-    return lambda: agent.respond(history, instructions)
+def _respond(
+    agent: Agent, history: list[Turn], instructions: str | None, tools: ClientTools
+) -> TextSource:
+    return lambda: agent_stream(agent, history, instructions, tools)
 
 
 def _fixed(text: str) -> TextSource:
