@@ -4,16 +4,20 @@ benchmarks/llm_server.py, which streams as OpenAI does and records what it saw."
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from benchmarks.llm_server import LlmServer, Script
 from services.client.stream import StreamClient
 from services.common.errors import AgentFailed
+from services.common.protocol.events import SessionConfig
 from services.gateway.agent import Turn, closing
 from services.gateway.app import create_app
 from services.gateway.llm import LlmEndpoint, LlmSettings, OpenAiAgent
+from services.gateway.reply import Reply, ReplyContext
 from services.gateway.settings import GatewaySection, GatewaySettings
 from tests.conftest import Stack
 from tests.servers import ServerThread
@@ -196,3 +200,73 @@ async def test_gateway_defaults_to_openai_when_the_llm_answers(
             await client.send({"type": "response.create", "text": "Still here."})
             done = await client.wait_for("response.done", 20)
             assert done["status"] == "completed" and len(turn.audio) > 0  # the session goes on
+
+
+class _Quiet:
+    """A reply's output and bus that take everything and do nothing (a held reply sends
+    nothing anyway)."""
+
+    reply_to = "va:results:test"
+
+    def __init__(self) -> None:
+        self.tts: list[str] = []
+        self.sent: list[object] = []
+
+    async def send(self, event: object) -> None:
+        self.sent.append(event)
+
+    async def send_audio(self, data: bytes) -> None: ...
+
+    async def send_error(self, exc: object) -> None:
+        self.sent.append(exc)
+
+    async def submit_tts(self, job: Any) -> None:
+        self.tts.append(job.text)
+
+    async def cancel(self, response_id: str) -> None: ...
+
+
+async def test_a_discarded_prepared_reply_closes_the_http_stream(
+    llm: tuple[LlmServer, ServerThread],
+) -> None:
+    """The reply prepared during a pause (held), dropped when the user goes on: its LLM
+    stream is closed then, not when the model finishes."""
+    server, thread = llm
+    server.tokens_per_s = 2
+    server.disconnected.clear()
+    endpoint = LlmEndpoint(settings(thread))
+    quiet = _Quiet()
+    tasks: set[asyncio.Task[None]] = set()
+
+    def spawn(coro: Any, name: str) -> asyncio.Task[None]:
+        task = asyncio.create_task(coro, name=name)
+        tasks.add(task)
+        return task
+
+    async def finished(*_: object) -> None: ...
+
+    context = ReplyContext(
+        quiet,
+        quiet,
+        GatewaySection(first_chunk_words=1),
+        "t",
+        spawn,
+        time.monotonic,
+        finished,  # type: ignore[arg-type]
+    )
+    agent = OpenAiAgent(endpoint)
+    reply = Reply(
+        context, SessionConfig(id="s"), lambda: agent.respond([Turn("user", "hi")]), "openai"
+    )
+    try:
+        await reply.start(held=True)
+        async with asyncio.timeout(10):
+            while not quiet.tts:  # the first words went to TTS: the stream is open
+                await asyncio.sleep(0.01)
+        await reply.discard()
+        assert await asyncio.to_thread(server.disconnected.wait, 10), "the stream stayed open"
+    finally:
+        server.tokens_per_s = 0
+        await endpoint.aclose()
+    assert quiet.sent == []  # held, then discarded: the client saw nothing
+    assert server.requests[-1].disconnected
