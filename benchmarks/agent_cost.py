@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.llm_server import LlmServer, Script, ToolRule
+from benchmarks.llm_server import LlmServer, Script, ToolRule, tokens
 from services.common.stats import summary
 from services.gateway.agent import ToolsAnswered, Turn
 from services.gateway.llm import LlmEndpoint, LlmSettings, OpenAiAgent
@@ -41,24 +41,62 @@ REPLY = "Sure, the weather in Paris is fine today. Anything else I can help you 
 QUESTION = [Turn("user", "How is the weather?")]
 
 
-def _baseline(commit: str) -> Any:
-    """services/gateway/llm.py as it was at `commit` (httpx + hand-parsed SSE)."""
+def _baseline(commit: str, module: str = "llm") -> Any:
+    """services/gateway/<module>.py as it was at `commit` (the agent: httpx + hand-parsed
+    SSE; the chunker: a regular expression)."""
     root = Path(__file__).resolve().parents[1]
     source = subprocess.run(
-        ["git", "show", f"{commit}:services/gateway/llm.py"],
+        ["git", "show", f"{commit}:services/gateway/{module}.py"],
         cwd=root,
         capture_output=True,
         text=True,
         check=True,
     ).stdout
-    path = Path(tempfile.mkdtemp()) / "llm_baseline.py"
+    name = f"{module}_baseline"
+    path = Path(tempfile.mkdtemp()) / f"{name}.py"
     path.write_text(source)
-    spec = importlib.util.spec_from_file_location("llm_baseline", path)
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["llm_baseline"] = module
-    spec.loader.exec_module(module)
-    return module
+    loaded = importlib.util.module_from_spec(spec)
+    sys.modules[name] = loaded
+    spec.loader.exec_module(loaded)
+    return loaded
+
+
+def text_pipeline(commit: str, replies: int) -> dict[str, Any]:
+    """CPU per token of the reply's text path: the chunker (sentencex now, a regular
+    expression before) and, now, the speech-friendly rewrite of each chunk; and where
+    each cuts the first chunk (the same token: the space after a sentence end arrives
+    with the next word)."""
+    from services.gateway.chunking import Chunker
+    from services.gateway.speech import spoken
+
+    old = _baseline(commit, "chunking")
+    pieces = tokens(REPLY)
+
+    def run(make: Callable[[], Any], speak: bool) -> tuple[float, int | None]:
+        start = time.perf_counter()
+        first: int | None = None
+        for _ in range(replies):
+            chunker = make()
+            for index, piece in enumerate(pieces):
+                chunks = chunker.feed(piece)
+                if chunks and first is None:
+                    first = index
+                for chunk in chunks if speak else ():
+                    spoken(chunk, "en")
+            for chunk in chunker.flush() if speak else ():
+                spoken(chunk, "en")
+        per_token_us = (time.perf_counter() - start) / (replies * len(pieces)) * 1e6
+        return per_token_us, first
+
+    now_us, now_first = run(lambda: Chunker(6), True)
+    before_us, before_first = run(lambda: old.Chunker(6), False)
+    return {
+        "tokens_per_reply": len(pieces),
+        "cpu_per_token_us": {"now": round(now_us, 1), "before": round(before_us, 1)},
+        "first_chunk_cut_at_token": {"now": now_first, "before": before_first},
+    }
 
 
 async def _timed(stream: AsyncIterator[Any]) -> tuple[float, float, float | None]:
@@ -147,7 +185,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     baseline = _baseline(args.baseline)
     rule = ToolRule("weather", "get_weather", {"city": "Paris"}, "Let me check.")
     server = LlmServer(Script(reply=REPLY, rules=(rule,), answer="It is {output} in Paris."))
-    results: dict[str, Any] = {}
+    results: dict[str, Any] = {"text_pipeline": text_pipeline(args.baseline, 200)}
     with ServerThread(server.app) as thread:
         url = f"{thread.http}/v1"
         server.ttft_ms, server.tokens_per_s = 0, 0

@@ -13,6 +13,8 @@ import re
 import sentencex
 
 _CLAUSE_END = re.compile(r"[,;:—]\s+")
+_MAYBE_END = re.compile(r"[.!?…\n。！？؟।]\S*\s*\S")
+"""A sentence mark with text after it: only then is the segmenter asked (it is not free)."""
 _ENUMERATOR = re.compile(
     r"(?:^|[:\n])\s*\(?\d{1,3}[.)]\s*$|\b(?:step|item|part|chapter|point|no)\.?\s+\d{1,3}\.\s*$",
     re.IGNORECASE,
@@ -24,6 +26,8 @@ that ends in a number ("I paid 4.")."""
 def sentence_end(text: str, language: str = "en") -> int | None:
     """Where the first complete sentence of `text` ends (its trailing space included), when
     more text follows it; None while the first sentence may still go on."""
+    if not _MAYBE_END.search(text):
+        return None
     offset = 0
     segments = list(sentencex.segment(language, text))
     for segment in segments[:-1]:
