@@ -67,8 +67,8 @@ k8s-validate: install-tests k8s-tools
 	$(BIN)/kubernetes-validate --strict $(VENV)/k8s-rendered.yaml
 
 lint:
-	$(BIN)/ruff check services tests benchmarks
-	$(BIN)/ruff format --check services tests benchmarks
+	$(BIN)/ruff check services tests benchmarks examples
+	$(BIN)/ruff format --check services tests benchmarks examples
 	$(BIN)/lint-imports
 
 typecheck:

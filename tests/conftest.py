@@ -21,6 +21,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # The suite predates authentication: services it starts (in process or as subprocesses) run
 # with it off unless a test turns it on (`AuthSettings(required=True)`, tests/e2e/test_auth.py).
 os.environ.setdefault("VA_AUTH__REQUIRED", "false")
+# The gateway reads OPENAI_BASE_URL/OPENAI_API_KEY (docs/agents.md): a developer's own must
+# not make the suite's gateways probe an LLM and answer with it instead of `echo`.
+for _variable in ("OPENAI_BASE_URL", "OPENAI_API_KEY"):
+    os.environ.pop(_variable, None)
 
 
 @dataclass

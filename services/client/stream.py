@@ -125,6 +125,8 @@ class StreamClient:
         if created.get("type") != "session.created":
             raise RuntimeError(f"expected session.created, got {created}")
         self.session = created["session"]
+        self.notice: str | None = created.get("notice")
+        """Why the session is not what one might expect (e.g. no LLM: `echo` answers)."""
         self._reader = asyncio.create_task(self._read(), name="client-reader")
         return self
 

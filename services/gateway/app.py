@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
-import httpx
 from fastapi import FastAPI, Query, Request, WebSocket
 from fastapi.responses import JSONResponse
 
@@ -27,13 +26,13 @@ from services.common.service.lifecycle import Background
 from services.common.service.routes import ServiceState, install_ops
 from services.common.service.ws import Channel, Disconnected
 from services.gateway import metrics
-from services.gateway.agent import AGENTS, Agent, Turn
+from services.gateway.agent import AGENTS, Agent, AgentContext, Turn, can_prepare, load_agents
 from services.gateway.bus import GatewayBus
 from services.gateway.codec import Codec, NativeCodec, SessionChannel
 from services.gateway.drain import Drainer
 from services.gateway.handshake import read_handshake
 from services.gateway.hearing import new_id
-from services.gateway.llm import OpenAiAgent
+from services.gateway.llm import LlmEndpoint, OpenAiAgent
 from services.gateway.realtime import REALTIME_SESSION, RealtimeCodec
 from services.gateway.session import Session, SessionServices
 from services.gateway.settings import GatewaySettings
@@ -58,6 +57,36 @@ def token_settings(
     return config.model_copy(update=update) if update else config
 
 
+class AgentChoice:
+    """The agent of new sessions, settled at start-up: the configured one, else `openai`
+    when an LLM is configured and answers, else `echo` with a notice saying why."""
+
+    def __init__(self, agent: str) -> None:
+        self.agent = agent
+        self.notice: str | None = None
+
+    async def settle(
+        self, configured: str | None, llm: LlmEndpoint, agents: Mapping[str, object]
+    ) -> None:
+        reason = await llm.probe() if llm.configured else None
+        if reason is not None:
+            log.warning("the LLM at %s does not answer: %s", llm.url, reason)
+        if configured is not None:
+            return
+        if not llm.configured or "openai" not in agents:
+            self.notice = (
+                "no LLM is configured (VA_LLM__BASE_URL, OPENAI_BASE_URL or OPENAI_API_KEY): "
+                "the echo agent answers"
+            )
+        elif reason is not None:
+            self.notice = f"the LLM at {llm.url} did not answer ({reason}): the echo agent answers"
+        else:
+            self.agent = "openai"
+            log.info("new sessions get the openai agent (model %s at %s)", llm.model, llm.url)
+            return
+        log.info("new sessions get the echo agent: %s", self.notice)
+
+
 def create_app(
     settings: GatewaySettings,
     agents: dict[str, Callable[[], Agent]] | None = None,
@@ -70,11 +99,15 @@ def create_app(
     section = settings.gateway
     end_of_turn = end_of_turn or create_policy(section)
     vad = listening(end_of_turn, settings.vad, section)
-    llm_client = httpx.AsyncClient(timeout=30.0)  # each request sets its own
-    agents = agents or {
-        **AGENTS,
-        "openai": lambda: OpenAiAgent(settings.llm, llm_client),
-    }
+    llm = LlmEndpoint(settings.llm)
+    if agents is None:
+        openai_agent = OpenAiAgent(llm)
+        agents = {**AGENTS, "openai": lambda: openai_agent}
+        agents |= load_agents(settings.agent_plugins(), AgentContext(llm, settings))
+    if section.default_agent is not None and section.default_agent not in agents:
+        known = ", ".join(sorted(agents))
+        raise ValueError(f"VA_GATEWAY__DEFAULT_AGENT={section.default_agent!r}: choose {known}")
+    chosen = AgentChoice(section.default_agent or "echo")
     gateway_id = section.gateway_id or f"gw-{uuid.uuid4().hex[:12]}"
     redis = connect(settings.redis)
     bus = GatewayBus(redis, settings.redis, gateway_id)
@@ -119,6 +152,7 @@ def create_app(
         except Exception as exc:
             log.warning("redis unreachable at start-up (%s): will keep trying", exc)
         background.start(bus.route_results(deliver), "gateway-results")
+        await chosen.settle(section.default_agent, llm, agents)
         state.model_loaded = True
         log.info("gateway %s ready", gateway_id)
         try:
@@ -128,7 +162,7 @@ def create_app(
             await background.stop()
             if "batcher" in hearing:
                 hearing["batcher"].close()
-            await llm_client.aclose()
+            await llm.aclose()
             await redis.aclose()
 
     app = FastAPI(title="voice-agent gateway", lifespan=lifespan)
@@ -179,14 +213,14 @@ def create_app(
     ) -> None:
         """One conversation on an admitted channel, until the client leaves."""
         principal = principal_of(ws)
-        config = SessionConfig(
-            id=new_id("sess"),
-            voice=section.default_voice,
-            agent=section.default_agent,
-            language=section.default_language,
-            partials=section.partials,
-            **(initial or {}),
-        )
+        given: dict[str, Any] = {
+            "id": new_id("sess"),
+            "voice": section.default_voice,
+            "agent": chosen.agent,
+            "language": section.default_language,
+            "partials": section.partials,
+        }
+        config = SessionConfig.model_validate({**given, **(initial or {})})
         config = token_settings(config, principal.session, agents)
         history: list[Turn] = []
         if restored is not None and restored[0].id not in sessions:
@@ -211,7 +245,8 @@ def create_app(
                 )
                 sessions[config.id] = session
                 drainer.opened()
-                await channel.send(SessionCreated(session=config))
+                notice = chosen.notice if config.agent == chosen.agent else None
+                await channel.send(SessionCreated(session=config, notice=notice))
                 await session.serve()
         except* Disconnected:
             pass
@@ -235,13 +270,23 @@ def create_app(
             await run_session(ws, *admitted)
 
     @app.websocket("/v1/realtime")
-    async def realtime(ws: WebSocket) -> None:
+    async def realtime(ws: WebSocket, model: str | None = Query(None, max_length=128)) -> None:
         beta = "realtime=v1" in ws.headers.get("openai-beta", "") or (
             "openai-beta.realtime-v1" in read_handshake(ws).offered
         )
-        admitted = await admit(ws, RealtimeCodec(beta=beta, vad=vad), None)
+        codec = RealtimeCodec(beta=beta, vad=vad, agents=frozenset(agents))
+        admitted = await admit(ws, codec, None)
         if admitted is not None:
-            await run_session(ws, *admitted, REALTIME_SESSION)
+            initial = {**REALTIME_SESSION, **({"agent": model} if model in agents else {})}
+            await run_session(ws, *admitted, initial)
+
+    @app.get("/v1/agents")
+    async def list_agents() -> dict[str, Any]:
+        """The agents a session may pick (`session.update` `agent`; Realtime's `model`)."""
+        listed = [
+            {"id": name, "prepare_safe": can_prepare(make())} for name, make in agents.items()
+        ]
+        return {"agents": listed, "default": chosen.agent, "notice": chosen.notice}
 
     app.include_router(static_router(section))
 

@@ -1,31 +1,66 @@
-"""The `openai` agent: any OpenAI-compatible `/v1/chat/completions` with streaming.
+"""The `openai` agent: any OpenAI-compatible chat completions API, on the official client.
 
-Works with vLLM, llama.cpp's server, Ollama and OpenAI itself. Tokens stream back as
-text deltas, so the gateway sends sentences to TTS while the model is still writing.
-A failure or a timeout raises AgentFailed; the session goes on.
+Works with vLLM, llama.cpp's server, Ollama and OpenAI itself (`AsyncOpenAI`, streaming):
+tokens stream back as text deltas, so the gateway sends sentences to TTS while the model
+is still writing. Tools: the model's calls stream in pieces and are assembled here; the
+gateway runs its own (services/gateway/tools.py), feeds the results back and streams the
+answer; a call of a client tool goes to the client and ends the reply. The SDK retries
+a request that fails before its stream starts; a failure or a timeout then raises
+AgentFailed and the session goes on. Closing the stream (barge-in, a reply dropped) closes
+the HTTP response at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
-import httpx
+import openai
+from openai import AsyncOpenAI
 from pydantic import BaseModel, Field, SecretStr
 
 from services.common.errors import AgentFailed
-from services.gateway.agent import Turn
+from services.common.protocol.events import ToolChoice, ToolSpec
+from services.gateway import metrics
+from services.gateway.agent import (
+    AgentOutput,
+    ClientTools,
+    ToolCall,
+    ToolsAnswered,
+    ToolsCalled,
+    Turn,
+)
+from services.gateway.chat import chat_messages
+from services.gateway.tools import Tool, run_calls
+
+log = logging.getLogger(__name__)
+
+OPENAI_URL = "https://api.openai.com/v1"
+OPENAI_MODEL = "gpt-4o-mini"
+"""The model asked of OpenAI's own API when `VA_LLM__MODEL` is unset."""
+NO_KEY = "no-key"
+"""Sent as the bearer token when none is configured (the SDK wants one; keyless servers
+ignore it)."""
 
 
 class LlmSettings(BaseModel):
-    """The OpenAI-compatible chat model behind the `openai` agent."""
+    """The OpenAI-compatible chat model behind the `openai` agent (and agents built on it).
 
-    base_url: str = "http://127.0.0.1:8080/v1"
-    """Base URL of the chat completions API (…/v1)."""
-    api_key: SecretStr = SecretStr("")
-    """Bearer token, if the server wants one."""
-    model: str = "default"
-    """Model name sent with each request."""
+    Unset, `base_url` and `api_key` are read from `OPENAI_BASE_URL` and `OPENAI_API_KEY`."""
+
+    base_url: str | None = Field(default=None, max_length=2048)
+    """Base URL of the chat completions API (…/v1), e.g. `http://127.0.0.1:8080/v1` for
+    llama.cpp's server. Unset: `OPENAI_BASE_URL`, else OpenAI's own API when an API key
+    is set, else no LLM (the `echo` agent answers by default)."""
+    api_key: SecretStr | None = None
+    """Bearer token, if the server wants one (unset: `OPENAI_API_KEY`)."""
+    model: str | None = Field(default=None, max_length=256)
+    """Model name sent with each request. Unset: the first model the server lists at
+    start-up (`gpt-4o-mini` on OpenAI's API)."""
     system_prompt: str = (
         "You are a helpful voice assistant. Answer briefly, in plain spoken sentences."
     )
@@ -33,87 +68,252 @@ class LlmSettings(BaseModel):
     temperature: float = Field(default=0.7, ge=0.0, le=2.0)
     """Sampling temperature."""
     max_tokens: int = Field(default=256, ge=1, le=8192)
-    """Longest reply in tokens."""
+    """Longest reply in tokens (each model call of a reply with tools)."""
     first_token_timeout_s: float = Field(default=10.0, ge=0.1, le=300)
-    """Give up (agent_failed) when the first token takes longer than this."""
+    """Give up (agent_failed) when the first token takes longer than this (retries included)."""
     token_timeout_s: float = Field(default=10.0, ge=0.1, le=300)
     """Give up when the stream stalls for longer than this between tokens."""
+    max_retries: int = Field(default=1, ge=0, le=10)
+    """Retries of a request that fails before its stream starts (connection errors, 408,
+    429, 5xx), by the OpenAI client, within `first_token_timeout_s`."""
     history_turns: int = Field(default=20, ge=0, le=1000)
     """How many past turns are sent along."""
+    tool_timeout_s: float = Field(default=10.0, ge=0.01, le=600)
+    """A server-side tool that takes longer gives the model an error result instead."""
+    max_tool_rounds: int = Field(default=4, ge=1, le=32)
+    """Model calls with tools in one reply; the last may not call tools (it must answer)."""
+    probe_timeout_s: float = Field(default=2.0, ge=0.1, le=60)
+    """At start-up, how long `GET /models` may take for the LLM to count as answering."""
+
+
+def make_client(settings: LlmSettings) -> AsyncOpenAI:
+    """The OpenAI client for these settings (nothing read from the environment here: the
+    settings already hold `OPENAI_BASE_URL`/`OPENAI_API_KEY` when they apply)."""
+    key = settings.api_key.get_secret_value() if settings.api_key is not None else ""
+    return AsyncOpenAI(
+        api_key=key or NO_KEY,
+        base_url=settings.base_url or OPENAI_URL,
+        timeout=openai.Timeout(settings.token_timeout_s, connect=settings.first_token_timeout_s),
+        max_retries=settings.max_retries,
+    )
+
+
+class LlmEndpoint:
+    """The chat model every LLM agent of a gateway shares: its settings, one client (one
+    connection pool), and the model name, settled by the start-up probe."""
+
+    def __init__(self, settings: LlmSettings, client: AsyncOpenAI | None = None) -> None:
+        self.settings = settings
+        self.client = client or make_client(settings)
+        official = settings.base_url is None
+        self.model = settings.model or (OPENAI_MODEL if official else "default")
+        self.configured = settings.base_url is not None or settings.api_key is not None
+        """An LLM was configured (a URL, or a key for OpenAI's own API)."""
+
+    @property
+    def url(self) -> str:
+        return self.settings.base_url or OPENAI_URL
+
+    async def probe(self) -> str | None:
+        """Ask the server for its models (`GET /models`, bounded by `probe_timeout_s`);
+        None when it answered, else why not. An unset model becomes the first listed."""
+        try:
+            async with asyncio.timeout(self.settings.probe_timeout_s):
+                page = await self.client.with_options(max_retries=0).models.list()
+        except TimeoutError:
+            return f"no answer within {self.settings.probe_timeout_s:g} s"
+        except openai.APIError as exc:
+            return _reason(exc)
+        models = [m.id for m in page.data]
+        if self.settings.model is None and self.settings.base_url is not None and models:
+            self.model = models[0]
+        return None
+
+    async def aclose(self) -> None:
+        await self.client.close()
+
+
+@dataclass
+class _Step:
+    """What one model call produced: its text, and its tool calls assembled from pieces."""
+
+    text: str = ""
+    pieces: dict[int, dict[str, str]] = field(default_factory=dict)
+
+    def add(self, deltas: Sequence[Any]) -> None:
+        for delta in deltas:
+            call = self.pieces.setdefault(delta.index, {"id": "", "name": "", "arguments": ""})
+            if delta.id:
+                call["id"] = delta.id
+            function = delta.function
+            if function is not None:
+                call["name"] += function.name or ""
+                call["arguments"] += function.arguments or ""
+
+    def calls(self) -> tuple[ToolCall, ...]:
+        return tuple(
+            ToolCall(c["id"] or f"call_{i}", c["name"], c["arguments"])
+            for i, c in sorted(self.pieces.items())
+        )
 
 
 class OpenAiAgent:
-    """Streams a reply from an OpenAI-compatible chat completions endpoint."""
+    """Streams a reply from an OpenAI-compatible chat completions endpoint, with tools."""
 
-    name = "openai"
-    prepare_safe = True  # no tools: its reply is only text
+    def __init__(
+        self,
+        llm: LlmEndpoint | LlmSettings,
+        tools: Sequence[Tool] = (),
+        name: str = "openai",
+        system_prompt: str | None = None,
+    ) -> None:
+        self.llm = llm if isinstance(llm, LlmEndpoint) else LlmEndpoint(llm)
+        self.settings = self.llm.settings
+        self.tools = {t.name: t for t in tools}
+        self.name = name
+        self.system_prompt = system_prompt
+        """This agent's own default prompt (None: `VA_LLM__SYSTEM_PROMPT`)."""
 
-    def __init__(self, settings: LlmSettings, client: httpx.AsyncClient | None = None) -> None:
-        self.settings = settings
-        self.client = client or httpx.AsyncClient(timeout=30.0)
+    @property
+    def prepare_safe(self) -> bool:
+        """A reply may be prepared before the turn is over unless a tool has side effects."""
+        return not any(t.side_effects for t in self.tools.values())
 
     def messages(
         self, history: list[Turn], instructions: str | None = None
-    ) -> list[dict[str, str]]:
+    ) -> list[dict[str, Any]]:
         """The chat messages for a conversation (agent turns hold what the user heard)."""
-        recent = history[-self.settings.history_turns :] if self.settings.history_turns else []
-        system = instructions if instructions else self.settings.system_prompt
-        chat = [{"role": "system", "content": system}]
-        chat += [
-            {"role": "user" if turn.role == "user" else "assistant", "content": turn.text}
-            for turn in recent
-        ]
-        return chat
+        system = instructions or self.system_prompt or self.settings.system_prompt
+        return chat_messages(history, system, self.settings.history_turns)
 
     async def respond(
-        self, history: list[Turn], instructions: str | None = None
+        self,
+        history: list[Turn],
+        instructions: str | None = None,
+        client_tools: ClientTools | None = None,
+    ) -> AsyncIterator[AgentOutput]:
+        messages = self.messages(history, instructions)
+        theirs = {t.name for t in client_tools.tools} if client_tools else set()
+        specs = [t.spec() for t in self.tools.values()]
+        specs += [_client_spec(t) for t in client_tools.tools] if client_tools else []
+        choice: ToolChoice = client_tools.choice if client_tools else "auto"
+        rounds = self.settings.max_tool_rounds
+        for round_ in range(rounds):
+            step = _Step()
+            last = round_ == rounds - 1
+            async for delta in self._complete(messages, specs, "none" if last else choice, step):
+                yield delta
+            calls = step.calls()
+            if not calls:
+                return
+            ours = tuple(c for c in calls if c.name not in theirs)
+            if ours:
+                yield ToolsCalled(ours)
+                outputs = await run_calls(self.tools, ours, self.settings.tool_timeout_s)
+                yield ToolsAnswered(ours, tuple(outputs))
+                messages += _tool_messages(step.text, ours, outputs)
+            client_calls = tuple(c for c in calls if c.name in theirs)
+            if client_calls:
+                yield ToolsCalled(client_calls, client=True)
+                return
+            choice = "auto"  # `required` or a named function holds for the first call only
+
+    async def _complete(
+        self,
+        messages: list[dict[str, Any]],
+        specs: list[dict[str, Any]],
+        choice: ToolChoice,
+        step: _Step,
     ) -> AsyncIterator[str]:
+        """Text deltas of one streamed model call; its tool calls gather in `step`."""
         settings = self.settings
-        headers = {"Accept": "text/event-stream"}
-        key = settings.api_key.get_secret_value()
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        body = {
-            "model": settings.model,
-            "messages": self.messages(history, instructions),
+        request: dict[str, Any] = {
+            "model": self.llm.model,
+            "messages": messages,
             "stream": True,
             "temperature": settings.temperature,
             "max_tokens": settings.max_tokens,
         }
-        url = settings.base_url.rstrip("/") + "/chat/completions"
+        if specs:
+            request["tools"] = specs
+            request["tool_choice"] = _choice(choice)
+        stream = None
+        outcome = "cancelled"
         try:
-            async with self.client.stream(
-                "POST",
-                url,
-                json=body,
-                headers=headers,
-                timeout=httpx.Timeout(
-                    settings.first_token_timeout_s, read=settings.token_timeout_s
-                ),
-            ) as response:
-                if response.status_code != 200:
-                    detail = (await response.aread())[:200].decode(errors="replace")
-                    raise AgentFailed(f"the LLM answered {response.status_code}: {detail}")
-                async for delta in _deltas(response.aiter_lines()):
-                    yield delta
-        except httpx.TimeoutException as exc:
-            raise AgentFailed(f"the LLM timed out ({type(exc).__name__})") from exc
-        except httpx.HTTPError as exc:
-            raise AgentFailed(f"the LLM is unreachable: {exc}") from exc
+            # The deadline only spans the wait for the first token: it is lifted before
+            # anything is yielded, so it never fires while the reader holds the task.
+            async with asyncio.timeout(settings.first_token_timeout_s) as first_token:
+                stream = await self.llm.client.chat.completions.create(**request)
+                async for chunk in stream:
+                    choices = getattr(chunk, "choices", None) or []
+                    if not choices or choices[0].delta is None:
+                        continue
+                    delta = choices[0].delta
+                    if delta.tool_calls:
+                        first_token.reschedule(None)
+                        step.add(delta.tool_calls)
+                    if delta.content:
+                        first_token.reschedule(None)
+                        step.text += delta.content
+                        yield delta.content
+            outcome = "ok"
+        except TimeoutError as exc:
+            outcome = "failed"
+            raise AgentFailed(
+                f"the LLM sent no first token within {settings.first_token_timeout_s:g} s"
+            ) from exc
+        except openai.APIError as exc:
+            outcome = "failed"
+            raise AgentFailed(_reason(exc)) from exc
+        except (json.JSONDecodeError, AttributeError, TypeError) as exc:
+            outcome = "failed"
+            raise AgentFailed(f"the LLM sent a malformed stream chunk ({exc})") from exc
+        finally:
+            if stream is not None:
+                await stream.close()  # at once, also when the reply was cancelled
+            metrics.LLM_REQUESTS.labels(outcome).inc()
 
 
-async def _deltas(lines: AsyncIterator[str]) -> AsyncIterator[str]:
-    """Text deltas of an OpenAI server-sent-event stream."""
-    async for line in lines:
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
-        if data == "[DONE]":
-            return
-        try:
-            chunk = json.loads(data)
-            delta = chunk["choices"][0].get("delta", {}).get("content") or ""
-        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
-            raise AgentFailed(f"the LLM sent a malformed stream chunk: {data[:100]}") from exc
-        if delta:
-            yield delta
+def _reason(exc: openai.APIError) -> str:
+    """What went wrong, for the client and the log (never the key)."""
+    if isinstance(exc, openai.APITimeoutError):
+        return "the LLM timed out"
+    if isinstance(exc, openai.APIConnectionError):
+        return f"the LLM is unreachable ({exc.__cause__ or exc})"
+    if isinstance(exc, openai.AuthenticationError):
+        return "the LLM refused the API key (401): set VA_LLM__API_KEY"
+    if isinstance(exc, openai.APIStatusError):
+        body = exc.body if isinstance(exc.body, dict) else {}
+        return f"the LLM answered {exc.status_code}: {str(body.get('message', exc.message))[:200]}"
+    return f"the LLM failed: {str(exc.message)[:200]}"
+
+
+def _choice(choice: ToolChoice) -> Any:
+    if isinstance(choice, str):
+        return choice
+    return {"type": "function", "function": {"name": choice.name}}
+
+
+def _client_spec(spec: ToolSpec) -> dict[str, Any]:
+    function = {"name": spec.name, "description": spec.description, "parameters": spec.parameters}
+    return {"type": "function", "function": function}
+
+
+def _tool_messages(
+    text: str, calls: Sequence[ToolCall], outputs: Sequence[str]
+) -> list[dict[str, Any]]:
+    """The model's turn with its calls, then each call's result, for the next model call."""
+    assistant: dict[str, Any] = {
+        "role": "assistant",
+        "tool_calls": [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in calls
+        ],
+    }
+    if text:
+        assistant["content"] = text
+    results = [
+        {"role": "tool", "tool_call_id": c.id, "content": out}
+        for c, out in zip(calls, outputs, strict=True)
+    ]
+    return [assistant, *results]

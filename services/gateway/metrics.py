@@ -97,3 +97,19 @@ PREPARED_TTS_SECONDS = Counter(
     "ones are the TTS work the preparation cost.",
     ["outcome"],
 )
+TOOL_CALLS = Counter(
+    "va_gateway_tool_calls_total",
+    "Server-side tool calls by outcome: ok, error (it raised), timeout, bad_arguments, unknown.",
+    ["outcome"],
+)
+TOOL_SECONDS = Histogram(
+    "va_gateway_tool_seconds",
+    "Wall time of one server-side tool call that answered.",
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+LLM_REQUESTS = Counter(
+    "va_gateway_llm_requests_total",
+    "Chat completion requests of the `openai` agent by outcome: ok, cancelled (barge-in or a "
+    "dropped reply closed the stream), failed.",
+    ["outcome"],
+)

@@ -17,10 +17,13 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
 from services.common.audio.vad import VadSettings
 from services.common.errors import InvalidAudio, VoiceAgentError
 from services.common.protocol.events import (
     ConversationText,
+    ConversationToolResult,
     ErrorEvent,
     Event,
     InputAudioClear,
@@ -31,6 +34,7 @@ from services.common.protocol.events import (
     ResponseCreate,
     ResponseCreated,
     ResponseDone,
+    ResponseFunctionCall,
     ResponseTextDelta,
     SessionConfig,
     SessionCreated,
@@ -59,14 +63,23 @@ class _Reply:
     item_id: str
     transcript: list[str] = field(default_factory=list)
     client_cancelled: bool = False
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    """Its function_call items (output 1, 2, ...), sent as they came."""
 
 
 class RealtimeCodec:
     """OpenAI Realtime events to the client, typed native inputs to the Session."""
 
-    def __init__(self, beta: bool = False, vad: VadSettings | None = None) -> None:
+    def __init__(
+        self,
+        beta: bool = False,
+        vad: VadSettings | None = None,
+        agents: frozenset[str] = frozenset(),
+    ) -> None:
         self.beta = beta
         self.vad = vad or VadSettings()
+        self.agents = agents
+        """The gateway's agents: a `session.update` `model` naming one picks it."""
         self.config: SessionConfig | None = None
         self._client_event: str | None = None  # event_id of the client event being handled
         self._open_item: str | None = None  # the user's utterance the VAD has open
@@ -95,8 +108,7 @@ class RealtimeCodec:
         self._client_event = event_id
         match event:
             case rt.SessionUpdate():
-                patch = SessionPatch.model_validate(rt.native_patch(event.session))
-                return [SessionUpdate(type="session.update", session=patch)]
+                return [SessionUpdate(type="session.update", session=self._patch(event.session))]
             case rt.Append():
                 return self._append(event.audio)
             case rt.Commit():
@@ -111,6 +123,8 @@ class RealtimeCodec:
                 self._open_item = None
                 self._emit({"type": "input_audio_buffer.cleared"})
                 return [InputAudioClear(type="input_audio.clear")]
+            case rt.ItemCreate() if event.item.type == "function_call_output":
+                return [self._tool_output(event.item, event.previous_item_id)]
             case rt.ItemCreate():
                 self._create_item(event.item, event.previous_item_id)
                 return []
@@ -129,6 +143,36 @@ class RealtimeCodec:
                     )
                 self._reply.client_cancelled = True
                 return [ResponseCancel(type="response.cancel")]
+
+    def _patch(self, session: rt.RtSession) -> SessionPatch:
+        try:
+            return SessionPatch.model_validate(rt.native_patch(session, self.agents))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = "session." + ".".join(str(p) for p in first["loc"])
+            raise rt.RealtimeError(f"{where}: {first['msg']}", "invalid_value", where) from exc
+
+    def _tool_output(self, item: rt.Item, previous: str | None) -> ConversationToolResult:
+        """A `function_call_output` item: the result of a call, for the agent's next answer."""
+        if not item.call_id or item.output is None:
+            raise rt.RealtimeError(
+                "a function_call_output item needs `call_id` and `output`",
+                "invalid_value",
+                "item.call_id" if not item.call_id else "item.output",
+            )
+        item_id = item.id or f"item_{uuid.uuid4().hex[:16]}"
+        created = shapes.function_output_item(item_id, item.call_id, item.output)
+        self._emit(
+            {
+                "type": "conversation.item.created",
+                "previous_item_id": previous or self._last_item,
+                "item": created,
+            }
+        )
+        self._last_item = item_id
+        return ConversationToolResult(
+            type="conversation.tool_result", call_id=item.call_id, output=item.output
+        )
 
     def _append(self, audio: str) -> list[ClientInput]:
         try:
@@ -192,6 +236,8 @@ class RealtimeCodec:
                 self._response_created(event)
             case ResponseTextDelta():
                 self._text_delta(event)
+            case ResponseFunctionCall():
+                self._function_call(event)
             case ResponseAudioDone():
                 self._audio_done(event)
             case OutputAudioClear():
@@ -314,6 +360,44 @@ class RealtimeCodec:
             }
         )
 
+    def _function_call(self, event: ResponseFunctionCall) -> None:
+        """A call of the client's tool: its item, its arguments (whole: the gateway
+        assembled them), then the item done."""
+        reply = self._reply
+        if reply is None or reply.id != event.response_id:
+            return
+        index = len(reply.calls) + 1
+        item_id = f"item_{uuid.uuid4().hex[:16]}"
+        call = {"call_id": event.call_id, "name": event.name}
+        started = shapes.function_call_item(item_id, "in_progress", call, "")
+        ref = {"response_id": reply.id, "item_id": item_id, "output_index": index}
+        self._emit(
+            {"type": "response.output_item.added", **_minus(ref, "item_id"), "item": started}
+        )
+        self._emit(
+            {
+                "type": "conversation.item.created",
+                "previous_item_id": self._last_item,
+                "item": started,
+            }
+        )
+        self._last_item = item_id
+        args = event.arguments
+        self._emit(
+            {
+                "type": "response.function_call_arguments.delta",
+                **ref,
+                **_only(call, "call_id"),
+                "delta": args,
+            }
+        )
+        self._emit(
+            {"type": "response.function_call_arguments.done", **ref, **call, "arguments": args}
+        )
+        done = shapes.function_call_item(item_id, "completed", call, args)
+        self._emit({"type": "response.output_item.done", **_minus(ref, "item_id"), "item": done})
+        reply.calls.append(done)
+
     def _audio_done(self, event: ResponseAudioDone) -> None:
         reply = self._reply
         if reply is None or reply.id != event.response_id:
@@ -345,5 +429,13 @@ class RealtimeCodec:
                 "item": item,
             }
         )
-        response = self._response(reply, event.status, [item])
+        response = self._response(reply, event.status, [item, *reply.calls])
         self._emit({"type": "response.done", "response": response})
+
+
+def _only(values: dict[str, Any], *keys: str) -> dict[str, Any]:
+    return {k: values[k] for k in keys}
+
+
+def _minus(values: dict[str, Any], *keys: str) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if k not in keys}

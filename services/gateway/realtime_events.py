@@ -60,10 +60,27 @@ class AudioConfig(_Loose):
     output: AudioOutput | None = None
 
 
+class RtTool(_Loose):
+    """A function the client runs: `{"type":"function","name","description","parameters"}`."""
+
+    type: str = "function"
+    name: str = Field(default="", max_length=64)
+    description: str = Field(default="", max_length=4096)
+    parameters: dict[str, Any] | None = None
+
+
+class RtFunctionChoice(_Loose):
+    type: Literal["function"]
+    name: str = Field(max_length=64)
+
+
 class RtSession(_Loose):
     """`session.update`'s session: GA's nested `audio`, or beta's flat fields."""
 
+    model: str | None = Field(default=None, max_length=128)
     instructions: str | None = Field(default=None, max_length=16_384)
+    tools: list[RtTool] | None = Field(default=None, max_length=128)
+    tool_choice: Literal["auto", "none", "required"] | RtFunctionChoice | None = None
     audio: AudioConfig | None = None
     # beta (flat) shape
     voice: str | None = Field(default=None, min_length=1, max_length=128)
@@ -83,6 +100,10 @@ class Item(_Loose):
     type: str = "message"
     role: str | None = None
     content: list[Content] = []
+    call_id: str | None = Field(default=None, max_length=128)
+    """`function_call_output`: the call it answers."""
+    output: str | None = Field(default=None, max_length=100_000)
+    """`function_call_output`: the result, as text (JSON, usually)."""
 
 
 class _Event(_Loose):
@@ -216,14 +237,37 @@ def _turns(detection: RtTurnDetection | None) -> TurnDetection:
     )
 
 
-def native_patch(session: RtSession) -> dict[str, Any]:
-    """The `/v1/stream` `session.update` patch that an OpenAI `session.update` means."""
+def _tools(tools: list[RtTool]) -> list[dict[str, Any]]:
+    """OpenAI's (flat) function tools as the native session's; other kinds are refused."""
+    native = []
+    for tool in tools:
+        if tool.type != "function":
+            raise RealtimeError(
+                f"tools: {tool.type!r} tools are not supported (only 'function')",
+                "invalid_value",
+                "session.tools",
+            )
+        spec = {"name": tool.name, "description": tool.description}
+        native.append({**spec, **({"parameters": tool.parameters} if tool.parameters else {})})
+    return native
+
+
+def native_patch(session: RtSession, agents: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The `/v1/stream` `session.update` patch that an OpenAI `session.update` means; a
+    `model` that names one of `agents` picks that agent (any other is ignored)."""
     audio = session.audio or AudioConfig()
     given_in = audio.input.model_fields_set if audio.input else set()
     source = audio.input or AudioInput()
     patch: dict[str, Any] = {}
+    if session.model in agents:
+        patch["agent"] = session.model
     if session.instructions is not None:
         patch["instructions"] = session.instructions
+    if session.tools is not None:
+        patch["tools"] = _tools(session.tools)
+    if session.tool_choice is not None:
+        choice = session.tool_choice
+        patch["tool_choice"] = choice if isinstance(choice, str) else choice.model_dump()
     voice = (audio.output.voice if audio.output else None) or session.voice
     if voice is not None:
         patch["voice"] = voice

@@ -10,6 +10,7 @@ from services.common.audio.vad import VadSettings
 from services.common.protocol.events import SessionConfig
 
 MODEL = "voice-agent"
+"""What a Realtime client may send as `model` to keep the gateway's default agent."""
 TRANSCRIPTION_MODEL = "whisper-1"
 
 
@@ -35,16 +36,23 @@ def _turn_detection(config: SessionConfig, vad: VadSettings) -> dict[str, Any] |
     }
 
 
+def _tool_choice(config: SessionConfig) -> Any:
+    choice = config.tool_choice or "auto"
+    return choice if isinstance(choice, str) else choice.model_dump()
+
+
 def session_object(config: SessionConfig, vad: VadSettings, beta: bool) -> dict[str, Any]:
     """The session as OpenAI's clients read it, from the native session settings."""
     transcription = {"model": TRANSCRIPTION_MODEL, "language": config.language, "prompt": ""}
     common: dict[str, Any] = {
         "id": config.id,
         "object": "realtime.session",
-        "model": MODEL,
+        "model": config.agent,
         "instructions": config.instructions or "",
-        "tools": [],
-        "tool_choice": "auto",
+        "tools": [
+            {"type": "function", **tool.model_dump(exclude={"type"})} for tool in config.tools or []
+        ],
+        "tool_choice": _tool_choice(config),
     }
     turns = _turn_detection(config, vad)
     if beta:
@@ -130,6 +138,31 @@ def assistant_item(item_id: str, status: str, transcript: str | None, beta: bool
     """The agent's audio message; its content once the transcript is known."""
     part = {"type": "audio" if beta else "output_audio", "transcript": transcript}
     return message_item(item_id, "assistant", status, [part] if transcript is not None else [])
+
+
+def function_call_item(
+    item_id: str, status: str, call: dict[str, Any], arguments: str
+) -> dict[str, Any]:
+    """A call of one of the client's functions (`call` holds `call_id` and `name`)."""
+    return {
+        "id": item_id,
+        "object": "realtime.item",
+        "type": "function_call",
+        "status": status,
+        **call,
+        "arguments": arguments,
+    }
+
+
+def function_output_item(item_id: str, call_id: str, output: str) -> dict[str, Any]:
+    """The client's result of a call, as the conversation holds it."""
+    return {
+        "id": item_id,
+        "object": "realtime.item",
+        "type": "function_call_output",
+        "call_id": call_id,
+        "output": output,
+    }
 
 
 def content_ref(response_id: str, item_id: str) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from services.common.protocol.events import SessionConfig
 from services.gateway import metrics
-from services.gateway.agent import Agent, Turn
+from services.gateway.agent import Agent, AgentOutput, ClientTools, Turn, agent_stream, can_prepare
 from services.gateway.reply import Reply, ReplyContext, TextSource
 from services.gateway.settings import GatewaySection
 from services.gateway.turn_end import Heard
@@ -89,10 +89,10 @@ class Replies:
             return  # the agent is speaking, or an earlier turn is held: not a fresh turn
         config = self.config()
         agent = self.agents[config.agent]()
-        if not getattr(agent, "prepare_safe", True):  # one written before the flag: text only
+        if not can_prepare(agent):  # one with side effects is never started early
             return
         history = [*self.history, Turn("user", heard.text)]
-        source = respond(agent, history, config.instructions)
+        source = respond(agent, history, config)
         reply = Reply(self.context, config, source, config.agent, utterance_id)
         self._prepared = _Prepared(reply, utterance_id, heard.text, len(self.history))
         await reply.start(held=True)
@@ -132,7 +132,7 @@ class Replies:
             source, agent = fixed(fixed_text), None
         else:
             chosen = self.agents[config.agent]()
-            source = respond(chosen, list(self.history), config.instructions)
+            source = respond(chosen, list(self.history), config)
             agent = config.agent
         reply = Reply(self.context, config, source, agent, utterance_id, speech_end_at)
         self.current = reply
@@ -195,13 +195,15 @@ async def _discard(prepared: _Prepared | None) -> None:
         metrics.PREPARED_TTS_SECONDS.labels("discarded").inc(prepared.reply.audio_seconds)
 
 
-def respond(agent: Agent, history: list[Turn], instructions: str | None) -> TextSource:
-    """The agent's reply to `history` as a text source (a snapshot of the history)."""
-    return lambda: agent.respond(history, instructions)
+def respond(agent: Agent, history: list[Turn], config: SessionConfig) -> TextSource:
+    """The agent's reply to `history` as a text source (a snapshot of the history), with the
+    session's instructions and the tools its client runs."""
+    tools = ClientTools(tuple(config.tools or ()), config.tool_choice or "auto")
+    return lambda: agent_stream(agent, history, config.instructions, tools)
 
 
 def fixed(text: str) -> TextSource:
-    async def say() -> AsyncIterator[str]:
+    async def say() -> AsyncIterator[AgentOutput]:
         yield text
 
     return say

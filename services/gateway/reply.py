@@ -27,20 +27,23 @@ from services.common.protocol.events import (
     ResponseAudioDone,
     ResponseCreated,
     ResponseDone,
+    ResponseFunctionCall,
     ResponseTextDelta,
     SessionConfig,
 )
 from services.gateway import metrics
+from services.gateway.agent import AgentOutput, ToolsAnswered, ToolsCalled, Turn, closing
 from services.gateway.bus import GatewayBus
 from services.gateway.chunking import Chunker
 from services.gateway.hearing import job_error, new_id
 from services.gateway.response import ResponseAudio
 from services.gateway.settings import GatewaySection
+from services.gateway.speech import spoken
 
 log = logging.getLogger(__name__)
 
 Spawn = Callable[[Coroutine[Any, Any, None], str], asyncio.Task[None]]
-TextSource = Callable[[], AsyncIterator[str]]
+TextSource = Callable[[], AsyncIterator[AgentOutput]]
 """Makes the reply's text stream (an agent's `respond`, or a fixed text)."""
 Status = Literal["completed", "failed", "cancelled"]
 
@@ -96,6 +99,8 @@ class Reply:
     audio: ResponseAudio = field(init=False)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     playout: _Playout = field(default_factory=_Playout)
+    tool_turns: list[Turn] = field(default_factory=list)
+    """The agent's tool calls and their results, for the history (before its spoken turn)."""
     _waiting: list[Event | VoiceAgentError] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -187,17 +192,20 @@ class Reply:
 
     async def _produce(self) -> None:
         """Text → deltas to the client → sentence chunks → TTS jobs."""
-        chunker = Chunker(self.ctx.settings.first_chunk_words)
+        chunker = Chunker(self.ctx.settings.first_chunk_words, language=self.config.language)
         started = self.ctx.clock() if self.agent is not None else None
         try:
-            async for delta in self.source():
-                if started is not None:
-                    metrics.AGENT_FIRST_TOKEN.observe(self.ctx.clock() - started)
-                    started = None
-                if delta:
-                    await self._emit(ResponseTextDelta(response_id=self.id, delta=delta))
-                    for chunk in chunker.feed(delta):
-                        await self._submit_tts(chunk)
+            async with closing(self.source()) as stream:  # a cancel closes the LLM's stream
+                async for delta in stream:
+                    if started is not None:
+                        metrics.AGENT_FIRST_TOKEN.observe(self.ctx.clock() - started)
+                        started = None
+                    if not isinstance(delta, str):
+                        await self._tool_step(delta, chunker)
+                    elif delta:
+                        await self._emit(ResponseTextDelta(response_id=self.id, delta=delta))
+                        for chunk in chunker.feed(delta):
+                            await self._submit_tts(chunk)
         except VoiceAgentError as exc:
             self.agent_failed = True
             await self._emit(exc)
@@ -208,6 +216,25 @@ class Reply:
         for chunk in chunker.flush():
             await self._submit_tts(chunk)
         self.audio.finish_text()
+
+    async def _tool_step(self, step: ToolsCalled | ToolsAnswered, chunker: Chunker) -> None:
+        """The agent uses tools: what it said so far is spoken now, the calls and results
+        join the history, and calls of the client's tools go to the client."""
+        for chunk in chunker.flush():
+            await self._submit_tts(chunk)
+        if isinstance(step, ToolsAnswered):
+            self.tool_turns += step.turns()
+        elif step.client:
+            self.tool_turns.append(Turn("agent", "", tool_calls=step.calls))
+            for call in step.calls:
+                await self._emit(
+                    ResponseFunctionCall(
+                        response_id=self.id,
+                        call_id=call.id,
+                        name=call.name,
+                        arguments=call.arguments,
+                    )
+                )
 
     async def _submit_tts(self, text: str) -> None:
         if self.playout.first_tts_at is None:
@@ -220,7 +247,7 @@ class Reply:
             session_id=self.config.id,
             response_id=self.id,
             seq=seq,
-            text=text,
+            text=spoken(text, self.config.language),
             voice=self.config.voice,
             sample_rate=self.config.output_sample_rate,
             reply_to=self.ctx.bus.reply_to,

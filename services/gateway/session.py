@@ -28,6 +28,7 @@ from services.common.bus.messages import AsrResult, BusResult, JobFailed, TtsChu
 from services.common.errors import InvalidMessage, VoiceAgentError
 from services.common.protocol.events import (
     ConversationText,
+    ConversationToolResult,
     InputAudioClear,
     InputAudioCommit,
     ResponseCancel,
@@ -42,7 +43,7 @@ from services.common.protocol.events import (
     TranscriptPartial,
 )
 from services.gateway import metrics
-from services.gateway.agent import Agent, Turn
+from services.gateway.agent import Agent, Turn, reply_turns
 from services.gateway.bus import GatewayBus
 from services.gateway.codec import AudioIn, ClientInput, SessionChannel
 from services.gateway.hearing import Hearing, Utterance
@@ -160,6 +161,8 @@ class Session:
                 await self.replies.cancel()
             case SessionClose():
                 raise SessionClosed
+            case ConversationToolResult():
+                await self._tool_result(item)
 
     async def _update(self, message: SessionUpdate) -> None:
         patch = message.session.model_dump(exclude_none=True)
@@ -255,11 +258,24 @@ class Session:
     # ------------------------------------------------------------------ replies
 
     async def _reply_ended(self, reply: Reply, status: Status, text: str) -> None:
-        """A reply ended: the agent's turn is what the user heard of it."""
+        """A reply ended: the agent's turn is what the user heard of it (with the tool
+        calls it made and their results)."""
         self.replies.ended(reply)
-        if text and status in ("completed", "cancelled"):
-            self.history.append(Turn("agent", text))
+        turns = reply_turns(text if status in ("completed", "cancelled") else "", reply.tool_turns)
+        if turns:
+            self.history += turns  # in place: Replies reads the same list
             await self._save()
+
+    async def _tool_result(self, result: ConversationToolResult) -> None:
+        """A client tool's output joins the history; the client's `response.create` next
+        lets the agent answer with it."""
+        current = self.replies.current
+        pending = current.tool_turns if current is not None else []
+        calls = {c.id for turn in [*self.history, *pending] for c in turn.tool_calls}
+        if result.call_id not in calls:
+            raise InvalidMessage(f"no function call {result.call_id!r} in this conversation")
+        self.history.append(Turn("tool", result.output, call_id=result.call_id))
+        await self._save()
 
     # ------------------------------------------------------------------ bus results
 

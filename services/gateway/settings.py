@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, Field
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from services.common.audio.vad import VadSettings
 from services.common.service.settings import BaseServiceSettings, ServerSettings
@@ -22,8 +26,14 @@ class GatewaySection(BaseModel):
     """Sessions this process admits; more are refused with close 1013 and a retry hint."""
     default_voice: str = "default"
     """Voice of new sessions."""
-    default_agent: str = "echo"
-    """Agent of new sessions."""
+    default_agent: str | None = Field(default=None, min_length=1, max_length=64)
+    """Agent of new sessions. Unset: `openai` when an LLM is configured (`VA_LLM__BASE_URL`,
+    `OPENAI_BASE_URL` or `OPENAI_API_KEY`) and answers at start-up, else `echo` (the log and
+    `session.created`'s `notice` say why)."""
+    agents: str = Field(default="", max_length=4096, pattern=r"^[A-Za-z0-9_.:/, -]*$")
+    """More agents, as comma-separated `package.module:factory` or `path/to/file.py:factory`
+    entries (each factory gets an `AgentContext` and returns an agent; its `name` is what
+    sessions pick), e.g. `examples/tools_agent.py:create`."""
     default_language: str | None = "en"
     """Language of new sessions (None: let the ASR engine detect it)."""
     output_frame_ms: int = Field(default=40, ge=10, le=500)
@@ -117,6 +127,22 @@ class GatewaySection(BaseModel):
     """Serve the browser client at `/` (a static page; it talks to `/v1/stream`)."""
 
 
+class OpenAiEnvironment(PydanticBaseSettingsSource):
+    """`OPENAI_BASE_URL` and `OPENAI_API_KEY`, as the LLM's URL and key when `VA_LLM__BASE_URL`
+    and `VA_LLM__API_KEY` are unset (the names every OpenAI client reads)."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        llm = {
+            name: os.environ[variable]
+            for name, variable in (("base_url", "OPENAI_BASE_URL"), ("api_key", "OPENAI_API_KEY"))
+            if os.environ.get(variable)
+        }
+        return {"llm": llm} if llm else {}
+
+
 class GatewaySettings(BaseServiceSettings):
     """All settings of the gateway (env: `VA_GATEWAY__...`, `VA_VAD__...`, `VA_REDIS__...`)."""
 
@@ -126,3 +152,19 @@ class GatewaySettings(BaseServiceSettings):
     """Voice activity detection and end-of-turn."""
     llm: LlmSettings = LlmSettings()
     """The OpenAI-compatible chat model of the `openai` agent."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        openai_env = OpenAiEnvironment(settings_cls)
+        return init_settings, env_settings, openai_env, dotenv_settings, file_secret_settings
+
+    def agent_plugins(self) -> list[str]:
+        """`gateway.agents` as a list of `module:factory` entries."""
+        return [spec.strip() for spec in self.gateway.agents.split(",") if spec.strip()]

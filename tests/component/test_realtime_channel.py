@@ -11,12 +11,14 @@ import pytest
 
 from services.common.errors import InvalidMessage
 from services.common.protocol.events import (
+    ConversationToolResult,
     OutputAudioClear,
     ResponseAudioDone,
     ResponseCancel,
     ResponseCreate,
     ResponseCreated,
     ResponseDone,
+    ResponseFunctionCall,
     ResponseTextDelta,
     SessionConfig,
     SessionCreated,
@@ -155,3 +157,84 @@ async def test_a_fatal_error_says_so() -> None:
     await channel.send_error(InvalidMessage("a mistake"))
     fatal, not_fatal = (e["error"] for e in sock.sent)
     assert fatal["fatal"] is True and "fatal" not in not_fatal
+
+
+async def test_tools_and_the_model_in_session_update() -> None:
+    tool = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
+    update = {
+        "type": "session.update",
+        "session": {
+            "model": "assistant",
+            "tools": [tool],
+            "tool_choice": {"type": "function", "name": "get_weather"},
+        },
+    }
+    sock = FakeSocket([update, {**update, "session": {"model": "gpt-realtime"}}])
+    sock.incoming.append(
+        json.dumps({"type": "session.update", "session": {"tools": [{"type": "mcp"}]}})
+    )
+    sock.incoming.append(
+        json.dumps({"type": "session.update", "session": {"tools": [{"name": "bad name"}]}})
+    )
+    sock.incoming.append(json.dumps({"type": "response.create"}))
+    io = Channel(sock, "gateway", 1 << 20)  # type: ignore[arg-type]
+    channel = SessionChannel(io, RealtimeCodec(agents=frozenset({"echo", "assistant"})))
+    (first,) = await channel.receive()
+    patch = first.session
+    assert patch.agent == "assistant" and patch.tools[0].name == "get_weather"
+    assert patch.tool_choice.name == "get_weather"
+    (second,) = await channel.receive()
+    assert second.session.agent is None  # an OpenAI model name keeps the default agent
+    assert await channel.receive() == [ResponseCreate(type="response.create")]
+    errors = [e["error"] for e in sock.sent if e["type"] == "error"]
+    assert errors[0]["code"] == "invalid_value" and "'mcp' tools" in errors[0]["message"]
+    assert errors[1]["param"] == "session.tools.0.name"
+
+
+async def test_a_function_call_and_its_output() -> None:
+    output = {
+        "type": "conversation.item.create",
+        "item": {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+    }
+    missing = {"type": "conversation.item.create", "item": {"type": "function_call_output"}}
+    channel, sock = _channel(incoming=[missing, output])
+    config = SessionConfig(id="sess_1", agent="assistant")
+    await channel.send(SessionCreated(session=config))
+    await channel.send(ResponseCreated(response_id="resp_1"))
+    await channel.send(ResponseTextDelta(response_id="resp_1", delta="Let me check."))
+    await channel.send(
+        ResponseFunctionCall(
+            response_id="resp_1", call_id="call_1", name="get_weather", arguments='{"city":"Paris"}'
+        )
+    )
+    await channel.send(ResponseAudioDone(response_id="resp_1", audio_ms=900))
+    await channel.send(ResponseDone(response_id="resp_1", status="completed", text="Let me check."))
+    kinds = _types(sock)
+    start = kinds.index("response.function_call_arguments.delta") - 2
+    assert kinds[start:] == [
+        "response.output_item.added",
+        "conversation.item.created",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.output_audio.done",
+        "response.output_audio_transcript.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.done",
+    ]
+    assert sock.sent[0]["session"]["model"] == "assistant"
+    done = sock.sent[-1]["response"]
+    assert [o["type"] for o in done["output"]] == ["message", "function_call"]
+    assert done["output"][1]["call_id"] == "call_1" and done["output"][1]["status"] == "completed"
+    args = sock.sent[start + 3]
+    assert args["arguments"] == '{"city":"Paris"}' and args["output_index"] == 1
+    (result,) = await channel.receive()
+    assert result == ConversationToolResult(
+        type="conversation.tool_result", call_id="call_1", output="sunny"
+    )
+    error = next(e for e in sock.sent if e["type"] == "error")["error"]
+    assert error["code"] == "invalid_value" and error["param"] == "item.call_id"
+    created = sock.sent[-1]
+    assert created["type"] == "conversation.item.created"
+    assert created["item"]["type"] == "function_call_output"

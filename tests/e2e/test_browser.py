@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from benchmarks.llm_server import LlmServer
 from services.client.stream import StreamClient
 from services.common.audio.pcm import float_to_pcm16
 from tests.conftest import RedisProc, Stack
@@ -113,8 +114,14 @@ def test_a_spoken_conversation_in_the_browser(lite_stack: Stack, page: Any) -> N
     page.goto(f"{lite_stack.gateway.http}/")
     # the voice picker lists the TTS service's voices (through the gateway)
     _wait(page, "document.querySelectorAll('#voice option').length > 1", 20)
+    # the agent picker lists the gateway's agents; without an LLM, echo is the default
+    _wait(page, "window.voiceAgent.agents !== null", 20)
+    agents = page.eval_on_selector_all("#agent option", "options => options.map(o => o.value)")
+    assert {"echo", "openai"} <= set(agents) and page.input_value("#agent") == "echo"
+    assert "no LLM is configured" in page.inner_text("#log")
     page.click("#connect")
     _wait(page, "window.voiceAgent.state === 'live'", 30)
+    assert page.evaluate("window.voiceAgent.agent") == "echo"
 
     # the fake microphone's sentence comes back as a final transcript...
     heard = _wait(
@@ -191,25 +198,37 @@ def test_a_token_rides_in_a_subprotocol_and_a_full_gateway_says_so(
         redis=redis_server.settings(),
         gateway=GatewaySection(max_sessions=1, tts_url=None, end_of_turn="silence"),
     )
-    with ServerThread(create_app(settings)) as gateway:
-        first, second = (
-            browser.pages[0] if browser.pages else browser.new_page(),
-            browser.new_page(),
-        )
-        first.goto(f"{gateway.http}/#token=t0k-123")
-        assert first.input_value("#token") == "t0k-123"
-        assert "t0k" not in first.url  # taken out of the address bar
-        first.click("#connect")
-        _wait(first, "window.voiceAgent.state === 'live'", 30)
-        second.goto(f"{gateway.http}/")
-        second.click("#connect")
-        _wait(second, "window.voiceAgent.closes.length > 0", 30)
-        closed = second.evaluate("window.voiceAgent.closes[0]")
-        assert closed["code"] == 1013, closed
-        assert "capacity" in second.inner_text("#status")
-        assert second.evaluate("window.voiceAgent.errors[0].code") == "capacity"
-        # no voice list without a TTS service: the page says so and keeps the default
-        assert "Voice list unavailable" in first.inner_text("#log")
+    with ServerThread(LlmServer().app) as llm:
+        settings.llm.base_url = f"{llm.http}/v1"
+        with ServerThread(create_app(settings)) as gateway:
+            _token_and_capacity(browser, gateway)
+
+
+def _token_and_capacity(browser: Any, gateway: ServerThread) -> None:
+    """The first page connects with its token; the second is refused (capacity 1)."""
+    first, second = (
+        browser.pages[0] if browser.pages else browser.new_page(),
+        browser.new_page(),
+    )
+    first.goto(f"{gateway.http}/#token=t0k-123")
+    assert first.input_value("#token") == "t0k-123"
+    assert "t0k" not in first.url  # taken out of the address bar
+    first.click("#connect")
+    _wait(first, "window.voiceAgent.state === 'live'", 30)
+    # an LLM that answers makes `openai` the default; the picker switches the agent
+    assert first.input_value("#agent") == "openai"
+    assert first.evaluate("window.voiceAgent.agent") == "openai"
+    first.select_option("#agent", "echo")
+    _wait(first, "window.voiceAgent.agent === 'echo'", 10)
+    second.goto(f"{gateway.http}/")
+    second.click("#connect")
+    _wait(second, "window.voiceAgent.closes.length > 0", 30)
+    closed = second.evaluate("window.voiceAgent.closes[0]")
+    assert closed["code"] == 1013, closed
+    assert "capacity" in second.inner_text("#status")
+    assert second.evaluate("window.voiceAgent.errors[0].code") == "capacity"
+    # no voice list without a TTS service: the page says so and keeps the default
+    assert "Voice list unavailable" in first.inner_text("#log")
 
 
 async def _cli_turns(url: str, turns: int) -> list[dict[str, float]]:

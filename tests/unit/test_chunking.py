@@ -50,3 +50,44 @@ def test_overlong_text_without_punctuation_is_cut_at_a_space() -> None:
 
 def test_empty_and_whitespace() -> None:
     assert run(["", "   "]) == []
+
+
+def test_abbreviations_do_not_end_a_sentence() -> None:
+    text = "Dr. Smith met Mr. J. R. Jones at 3 p.m. today. They spoke, e.g. about the U.S. economy."
+    assert run([text], first_words=100) == [
+        "Dr. Smith met Mr. J. R. Jones at 3 p.m. today.",
+        "They spoke, e.g. about the U.S. economy.",
+    ]
+
+
+def test_a_streamed_abbreviation_waits_for_what_follows() -> None:
+    chunker = Chunker(first_chunk_words=100)
+    assert chunker.feed("Ask Dr. ") == []  # "Dr. " may go on
+    assert chunker.feed("Smith. ") == []
+    assert chunker.feed("Then") == ["Ask Dr. Smith."]
+
+
+def test_list_numbers_stay_with_their_item() -> None:
+    text = "Here is how:\n1. Preheat the oven. 2. Mix the flour. Step 3. Bake."
+    chunks = run([text], first_words=100)
+    assert "1." not in chunks and "2." not in chunks and "Step 3." not in chunks
+    assert chunks[-1] == "Step 3. Bake."
+    assert any(c.endswith("1. Preheat the oven.") for c in chunks)
+
+
+def test_decimals_money_and_urls_are_not_cut() -> None:
+    text = "Pi is 3.14159 and it costs $4.50 at example.com/a.b today. Next."
+    assert run([text], first_words=100) == [
+        "Pi is 3.14159 and it costs $4.50 at example.com/a.b today.",
+        "Next.",
+    ]
+
+
+def test_a_number_then_a_new_sentence_is_cut() -> None:
+    assert run(["I paid 4. Then I left."], first_words=100) == ["I paid 4.", "Then I left."]
+
+
+def test_other_languages_have_their_own_rules() -> None:
+    chunker = Chunker(first_chunk_words=100, language="de-DE")
+    chunks = chunker.feed("Das kostet z. B. zehn Euro. Danach") + chunker.flush()
+    assert chunks == ["Das kostet z. B. zehn Euro.", "Danach"]

@@ -60,6 +60,38 @@ class TurnDetection(BaseModel):
     prefix_padding_ms: int | None = Field(default=None, ge=0, le=2_000)
 
 
+ToolName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+"""A function's name, as OpenAI's APIs take it."""
+
+
+class ToolSpec(BaseModel):
+    """A function the client runs (OpenAI's function tool): the agent may ask for a call with
+    `response.function_call`; the client answers with `conversation.tool_result`."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function"] = "function"
+    name: ToolName
+    description: str = Field(default="", max_length=4096)
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    """The arguments' JSON schema."""
+
+
+class FunctionChoice(BaseModel):
+    """`tool_choice` naming the one function the agent must call."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function"] = "function"
+    name: ToolName
+
+
+ToolChoice = Literal["auto", "none", "required"] | FunctionChoice
+"""Whether the agent may (`auto`), may not (`none`) or must (`required`, or a named function)
+call a tool."""
+ClientTools = Annotated[list[ToolSpec], Field(max_length=128)]
+
+
 class SessionConfig(BaseModel):
     """The session as the client sees it."""
 
@@ -74,6 +106,10 @@ class SessionConfig(BaseModel):
     turn_detection: TurnDetection | None = None
     partials: bool = False
     """Send `transcript.partial` while the user speaks (each costs an ASR pass)."""
+    tools: ClientTools | None = None
+    """Functions the client runs (None: none)."""
+    tool_choice: ToolChoice | None = None
+    """None: `auto`."""
     resumed: bool | None = None
 
 
@@ -91,6 +127,8 @@ class SessionPatch(BaseModel):
     tts: TtsStyle | None = None
     turn_detection: TurnDetection | None = None
     partials: bool | None = None
+    tools: ClientTools | None = None
+    tool_choice: ToolChoice | None = None
 
 
 # ---------------------------------------------------------------- client → gateway
@@ -127,6 +165,15 @@ class SessionClose(Event):
     type: Literal["session.close"]
 
 
+class ConversationToolResult(Event):
+    """The output of a client tool call (`response.function_call`); the next
+    `response.create` lets the agent answer with it."""
+
+    type: Literal["conversation.tool_result"]
+    call_id: Annotated[str, Field(min_length=1, max_length=128)]
+    output: str = Field(max_length=100_000)
+
+
 ClientEvent = Annotated[
     SessionUpdate
     | InputAudioCommit
@@ -134,7 +181,8 @@ ClientEvent = Annotated[
     | ConversationText
     | ResponseCreate
     | ResponseCancel
-    | SessionClose,
+    | SessionClose
+    | ConversationToolResult,
     Field(discriminator="type"),
 ]
 
@@ -144,6 +192,8 @@ ClientEvent = Annotated[
 class SessionCreated(Event):
     type: Literal["session.created"] = "session.created"
     session: SessionConfig
+    notice: str | None = None
+    """Why the session is not what a client might expect (no LLM answered: `echo` answers)."""
 
 
 class SessionUpdated(Event):
@@ -187,6 +237,17 @@ class ResponseTextDelta(Event):
     type: Literal["response.text.delta"] = "response.text.delta"
     response_id: str
     delta: str
+
+
+class ResponseFunctionCall(Event):
+    """The agent calls a client tool: run it, answer with `conversation.tool_result`."""
+
+    type: Literal["response.function_call"] = "response.function_call"
+    response_id: str
+    call_id: str
+    name: str
+    arguments: str
+    """The arguments as JSON text (the model's own; parse and check them)."""
 
 
 class ResponseAudioDone(Event):

@@ -49,6 +49,8 @@ const va = {
   userSpeaking: false, // between speech.started and speech.stopped
   clearLog: [], // each output_audio.clear: {response_id, during_speech}
   sampleRate: null,
+  agent: null, // the session's agent, as the gateway last said
+  agents: null, // GET /v1/agents: {agents, default, notice}
   connect: () => connect(),
   disconnect: () => disconnect(),
   say: (text) => send({ type: "response.create", text }),
@@ -127,6 +129,34 @@ async function loadVoices() {
   } catch (err) {
     logLine("note", null, `Voice list unavailable (${err.message}): the default voice is used.`);
   }
+}
+
+async function loadAgents() {
+  const select = $("agent");
+  try {
+    const token = $("token").value.trim();
+    const headers = token ? { Authorization: `Bearer ${token}` } : {};
+    const response = await fetch("/v1/agents", { headers });
+    if (!response.ok) throw new Error(`HTTP ${response.status}`);
+    const listed = await response.json();
+    for (const agent of listed.agents || []) {
+      const option = document.createElement("option");
+      option.value = agent.id;
+      option.textContent = agent.id === listed.default ? `${agent.id} (default)` : agent.id;
+      select.append(option);
+    }
+    select.value = listed.default;
+    va.agents = listed;
+    if (listed.notice) logLine("note", null, `Agent: ${listed.notice}.`);
+  } catch (err) {
+    logLine("note", null, `Agent list unavailable (${err.message}): the gateway's default answers.`);
+  }
+}
+
+function sessionChoices() {
+  const choices = { voice: $("voice").value };
+  if ($("agent").value) choices.agent = $("agent").value;
+  return choices;
 }
 
 // ------------------------------------------------------------------ audio
@@ -231,9 +261,11 @@ const handlers = {
   "session.created": (e) => {
     va.sessionId = e.session.id;
     const rate = va.sampleRate;
-    send({ type: "session.update", session: { input_sample_rate: rate, output_sample_rate: rate, voice: $("voice").value, partials: true } });
+    va.agent = e.session.agent;
+    send({ type: "session.update", session: { input_sample_rate: rate, output_sample_rate: rate, ...sessionChoices(), partials: true } });
   },
   "session.updated": (e) => {
+    va.agent = e.session.agent;
     if (va.state !== "live") {
       va.state = "live";
       setStatus(`Connected (session ${e.session.id}): speak now.`, "live");
@@ -265,6 +297,9 @@ const handlers = {
       line: logLine("agent", "Agent", ""),
     };
     va.responses[e.response_id] = current;
+  },
+  "response.function_call": (e) => {
+    logLine("note", null, `The agent called ${e.name}(${e.arguments}); this page runs no tools.`);
   },
   "response.text.delta": (e) => {
     const r = va.responses[e.response_id];
@@ -384,7 +419,9 @@ function main() {
   $("controls").addEventListener("submit", (event) => { event.preventDefault(); connect(); });
   $("disconnect").addEventListener("click", disconnect);
   $("voice").addEventListener("change", () => send({ type: "session.update", session: { voice: $("voice").value } }));
+  $("agent").addEventListener("change", () => send({ type: "session.update", session: { agent: $("agent").value } }));
   loadVoices();
+  loadAgents();
 }
 
 main();
