@@ -192,13 +192,19 @@ class Hearing:
             await self.hooks.speech_resumed(self.utterance_id)
 
     async def _check_barge_in(self) -> None:
-        """Stop the agent once the user has spoken over it long enough."""
+        """Stop the agent once the user has spoken over it long enough: speech that began
+        over the agent's audio, or the agent's audio that began over speech (a reply that
+        starts while the user is already talking)."""
+        segmenter = self.listener.segmenter
         if self._barge_in_from_ms is None:
+            overlapping = segmenter.in_speech and segmenter.trailing_silence_ms == 0
+            if overlapping and self.utterance_id is not None and self.hooks.speaking():
+                self._barge_in_from_ms = segmenter.position_ms
+                self._speech_started_at = self.clock()  # time to silence from the overlap
             return
         if not self.hooks.speaking():
             self._barge_in_from_ms = None
             return
-        segmenter = self.listener.segmenter
         # speech so far: a cough followed by silence never reaches the threshold
         spoken_ms = segmenter.position_ms - self._barge_in_from_ms - segmenter.trailing_silence_ms
         if spoken_ms >= self.settings.barge_in_min_ms:

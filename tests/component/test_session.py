@@ -189,6 +189,26 @@ async def test_barge_in_cancels_end_to_end() -> None:
 
 
 @on_virtual_time
+async def test_a_reply_that_starts_over_the_user_talking_yields_to_them() -> None:
+    """The agent begins to speak while the user is already speaking (the answer to their
+    previous turn, late): once they have spoken over it barge_in_min_ms, it stops."""
+    before = metrics.INTERRUPTIONS._value.get()
+    story = "once upon a time there was a very long story"
+    async with running_session(transcripts=[story, "wait"], tts_first_s=1.0) as h:
+        await h.say(silence(200), tone(900), silence(700))
+        await h.wait_for("speech.stopped")
+        await h.say(tone(1500))  # talking again before the reply's first audio (1 s)
+        await h.wait_for("output_audio.clear", 1, timeout_s=5)
+        await h.say(silence(900))
+    first_audio = h.socket.audio[0][0]
+    cleared = h.time_of("output_audio.clear")
+    assert 0.3 <= cleared - first_audio <= 0.3 + 3 * WINDOW_S  # 300 ms of speech over it
+    done = h.of_type("response.done")[0]
+    assert done["status"] == "cancelled"
+    assert metrics.INTERRUPTIONS._value.get() == before + 1
+
+
+@on_virtual_time
 async def test_a_cough_does_not_interrupt() -> None:
     before = metrics.FALSE_INTERRUPTIONS._value.get()
     story = "once upon a time there was a story"  # 8 words: 3.2 s of audio

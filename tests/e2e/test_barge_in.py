@@ -19,7 +19,10 @@ async def test_user_speech_stops_the_agent(lite_stack: Stack) -> None:
         turn = client.new_turn()
         await client.send({"type": "response.create", "text": LONG_REPLY})
         await client.wait_for("response.created", 10)
-        await client.silence(1.5)  # listen to the agent for a while
+        # listen until the agent has been speaking for a while (however busy the machine,
+        # Piper's first sentence comes when it comes): a second of its audio
+        second = 2 * client.output_rate
+        assert await client.silence_while(lambda: len(turn.audio) < second, 30), "no agent audio"
         audio_before = len(turn.audio)
         assert audio_before > 0, "the agent should be speaking"
         await client.speak(speak("how is the weather today", 16000), 16000, lead_silence_ms=0)
