@@ -38,7 +38,9 @@ SENTENCE = "what is the weather like in paris today"
 RATE = 48000
 LONG_REPLY = " ".join(
     [
-        "Once upon a time there was a lighthouse keeper who lived alone on a rock.",
+        # a clause first: the story's first audio is a 4-word piece, playing long before
+        # the microphone's next loop speaks over it, however busy the machine
+        "Once upon a time, there was a lighthouse keeper who lived alone on a rock.",
         "Every night he climbed the stairs, lit the great lamp and watched the ships.",
         "The sea was wide and dark and cold, and the wind sang in the windows.",
         "One night a storm came from the west, and the waves were as tall as houses.",
