@@ -75,11 +75,11 @@ def _percentiles(result: dict[str, Any], path: Path) -> Path:
 def _finish(
     axis: Any, result: dict[str, Any], stage: str, xlabel: str, ylabel: str, slo_vertical: bool
 ) -> None:
-    """A panel's SLO line (voice-to-voice only), title, labels, grid and legend."""
-    if stage == "voice_to_voice":
-        slo = result["config"]["slo_voice_to_voice_ms"]
+    """A panel's budget line (voice-to-voice only), title, labels, grid and legend."""
+    budget = (result.get("budget") or {}).get("ms")
+    if stage == "voice_to_voice" and budget is not None:
         line = axis.axvline if slo_vertical else axis.axhline
-        line(slo, color="red", linestyle="--", linewidth=1, label=f"SLO {slo:.0f} ms")
+        line(budget, color="red", linestyle="--", linewidth=1, label=f"budget {budget:.0f} ms")
     axis.set_title(stage)
     axis.set_xlabel(xlabel)
     axis.set_ylabel(ylabel)
