@@ -1,4 +1,5 @@
-"""PNG plots of a load test: latency CDFs per stage, and percentiles against concurrency.
+"""PNG plots of a load test: latency CDFs per stage, percentiles against concurrency, and
+where voice-to-voice went (the services' stage means) against concurrency.
 
 matplotlib with the Agg backend (no display needed); it is imported only when plots
 are asked for.
@@ -10,18 +11,24 @@ from pathlib import Path
 from typing import Any
 
 from services.loadtest.stats import STAGES
+from services.loadtest.summary import BREAKDOWN_ORDER
 
 CDF_FILE = "latency_cdf.png"
 PERCENTILES_FILE = "latency_vs_sessions.png"
+BREAKDOWN_FILE = "breakdown_vs_sessions.png"
 
 
 def write_plots(result: dict[str, Any], folder: Path) -> list[Path]:
-    """Both figures of a results file into `folder`; their paths."""
+    """The figures of a results file into `folder` (the breakdown when the services'
+    metrics were read); their paths."""
     import matplotlib
 
     matplotlib.use("Agg")
     folder.mkdir(parents=True, exist_ok=True)
-    return [_cdf(result, folder / CDF_FILE), _percentiles(result, folder / PERCENTILES_FILE)]
+    paths = [_cdf(result, folder / CDF_FILE), _percentiles(result, folder / PERCENTILES_FILE)]
+    if any(level.get("breakdown_ms") for level in result["levels"]):
+        paths.append(_breakdown(result, folder / BREAKDOWN_FILE))
+    return paths
 
 
 def _grid(title: str) -> tuple[Any, list[Any]]:
@@ -69,6 +76,29 @@ def _percentiles(result: dict[str, Any], path: Path) -> Path:
                 axis.plot(*zip(*points, strict=True), style, label=key)
         axis.set_xticks(sessions)
         _finish(axis, result, stage, "concurrent sessions", "ms", slo_vertical=False)
+    return _save(figure, path)
+
+
+def _breakdown(result: dict[str, Any], path: Path) -> Path:
+    """Each stage's mean against the number of sessions: the one that grows is the limit."""
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(9, 6), constrained_layout=True)
+    axis.set_title("Where voice-to-voice went: mean per stage (services' metrics)")
+    levels = result["levels"]
+    for stage in BREAKDOWN_ORDER:
+        points = [
+            (level["sessions"], level["breakdown_ms"][stage]["mean"])
+            for level in levels
+            if (level.get("breakdown_ms") or {}).get(stage, {}).get("mean") is not None
+        ]
+        if points:
+            axis.plot(*zip(*points, strict=True), "o-", label=stage)
+    axis.set_xticks([level["sessions"] for level in levels])
+    axis.set_xlabel("concurrent sessions")
+    axis.set_ylabel("ms")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize="small")
     return _save(figure, path)
 
 

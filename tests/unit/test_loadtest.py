@@ -342,11 +342,15 @@ def test_progress_line_is_plain_text_off_a_terminal() -> None:
 
 
 def test_plots_are_written(tmp_path: Path) -> None:
-    result = {
-        "budget": {"ms": 1500.0, "rule": "given"},
-        "levels": [level_of(1, 1.0), level_of(3, 1.5)],
-    }
+    levels = [level_of(1, 1.0), level_of(3, 1.5)]
+    levels[1]["breakdown_ms"] = {"hearing": {"mean": 600.0}, "asr_compute": {"mean": 200.0}}
+    result = {"budget": {"ms": 1500.0, "rule": "given"}, "levels": levels}
     paths = write_plots(result, tmp_path / "plots")
+    assert [p.name for p in paths] == [
+        "latency_cdf.png",
+        "latency_vs_sessions.png",
+        "breakdown_vs_sessions.png",
+    ]
     for path in paths:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
 
