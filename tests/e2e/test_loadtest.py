@@ -166,7 +166,7 @@ def test_contract_violations_exit_1(tmp_path: Path) -> None:
         status = main(
             [
                 *("--url", gateway.url, "--audio", str(tmp_path)),
-                *("--sessions", "2", "--workers", "2", "--ramp", "0", "--duration", "1.5"),
+                *("--sessions", "2", "--workers", "2", "--ramp", "0", "--duration", "4"),
                 *("--think-s", "0.1,0.2", "--barge-in-rate", "0", "--out", str(out)),
                 *("--budget-ms", "2000"),
             ]
