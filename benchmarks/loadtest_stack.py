@@ -1,7 +1,9 @@
 """Start a stack (lite or fake engines), optionally pinned to cores, and load-test it.
 
-The results file is `voice-agent loadtest`'s (docs/loadtest.md), with this command as
-its `command`, so the run can be repeated as written:
+The gateway's admission (services/gateway/admission.py) is off here unless `--env` turns
+it on: the run measures what the engines serve, not what admission lets in. The results
+file is `voice-agent loadtest`'s (docs/loadtest.md), with this command as its `command`,
+so the run can be repeated as written:
 
     python -m benchmarks.loadtest_stack --profile fake --gateway-cpu 0 --others-cpu 1 \\
         -- --sessions 25,50,100 --duration 30 --out benchmarks/results/loadtest_fake.json
@@ -37,7 +39,8 @@ def main() -> int:
     if args.others_cpu is not None:
         cpus.update({name: {args.others_cpu} for name in ("redis", "asr", "tts")})
         os.sched_setaffinity(0, {args.others_cpu})  # the load generator (and its workers)
-    env = dict(item.split("=", 1) for item in args.env)
+    env = {"VA_GATEWAY__ADMISSION__ENABLED": "false"}
+    env.update(item.split("=", 1) for item in args.env)
     with lite_stack({"VA_PROFILE": args.profile, **env}, cpus) as urls:
         loadtest = argparse.ArgumentParser(prog="voice-agent loadtest")
         add_arguments(loadtest)

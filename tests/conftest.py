@@ -88,10 +88,14 @@ def start_stack(redis: RedisSettings, profile: Profile = "lite") -> Iterator[Sta
 
 
 def _gateway_settings(profile: Profile, redis: RedisSettings, tts_url: str) -> Any:
-    """The gateway of a test stack: it lists the stack's own TTS voices at /v1/voices."""
+    """The gateway of a test stack: it lists the stack's own TTS voices at /v1/voices. Its
+    admission by voice-to-voice is off: the tests share a busy machine, whose slowness is
+    not the sessions' load (tests/e2e/test_admission.py tests admission on its own)."""
+    from services.gateway.admission import AdmissionSettings
     from services.gateway.settings import GatewaySection, GatewaySettings
 
-    return GatewaySettings(profile=profile, redis=redis, gateway=GatewaySection(tts_url=tts_url))
+    section = GatewaySection(tts_url=tts_url, admission=AdmissionSettings(enabled=False))
+    return GatewaySettings(profile=profile, redis=redis, gateway=section)
 
 
 @pytest.fixture(scope="session")

@@ -30,10 +30,12 @@ from services.asr.engines.base import (
 from services.asr.metrics import (
     ASR_AUDIO_SECONDS,
     ASR_BATCH_SIZE,
+    ASR_COMPUTE,
     ASR_DROPPED,
     ASR_INFERENCE,
     ASR_LATENCY,
     ASR_PREEMPTED,
+    ASR_QUEUE_WAIT,
 )
 from services.common.errors import CapacityError
 
@@ -148,5 +150,8 @@ class Batcher:
         for waiting, result in zip(batch, results, strict=True):
             ASR_AUDIO_SECONDS.inc(result.duration_s)
             ASR_LATENCY.labels(waiting.mode).observe(done - waiting.enqueued)
+            # latency = queue wait + compute, per utterance: the load test tells them apart
+            ASR_QUEUE_WAIT.labels(waiting.mode).observe(started - waiting.enqueued)
+            ASR_COMPUTE.labels(waiting.mode).observe(done - started)
             if not waiting.future.done():
                 waiting.future.set_result(result)

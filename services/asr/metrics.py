@@ -10,6 +10,18 @@ ASR_LATENCY = Histogram(
     ["mode"],
     buckets=(0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0),
 )
+ASR_QUEUE_WAIT = Histogram(
+    "va_asr_queue_wait_seconds",
+    "From an utterance entering the batcher to its batch starting on the model, by mode.",
+    ["mode"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0),
+)
+ASR_COMPUTE = Histogram(
+    "va_asr_compute_seconds",
+    "Wall time of the batched model call that transcribed an utterance, per utterance, by mode.",
+    ["mode"],
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0),
+)
 ASR_INFERENCE = Histogram(
     "va_asr_inference_seconds",
     "Wall time of one batched model call.",

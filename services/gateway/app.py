@@ -26,6 +26,7 @@ from services.common.service.lifecycle import Background
 from services.common.service.routes import ServiceState, install_ops
 from services.common.service.ws import Channel, Disconnected
 from services.gateway import metrics
+from services.gateway.admission import Admission
 from services.gateway.agent import AGENTS, Agent, AgentContext, Turn, can_prepare, load_agents
 from services.gateway.bus import GatewayBus
 from services.gateway.codec import Codec, NativeCodec, SessionChannel
@@ -91,10 +92,12 @@ def create_app(
     settings: GatewaySettings,
     agents: dict[str, Callable[[], Agent]] | None = None,
     end_of_turn: EndOfTurn | None = None,
+    admission: Admission | None = None,
 ) -> FastAPI:
     """The gateway app. VAD loads in `lifespan`, never at import.
 
-    `agents` and `end_of_turn` replace the built-in responders and turn policy.
+    `agents`, `end_of_turn` and `admission` replace the built-in responders, turn policy
+    and admission (services/gateway/admission.py).
     """
     section = settings.gateway
     end_of_turn = end_of_turn or create_policy(section)
@@ -113,7 +116,15 @@ def create_app(
     bus = GatewayBus(redis, settings.redis, gateway_id)
     sessions: dict[str, Session] = {}
     store = SessionStore(redis, settings.redis.prefix, section.resume_window_s, settings.redis)
-    services = SessionServices(bus, section, agents, end_of_turn, store)
+    admission = admission or Admission(section.admission, section.max_sessions)
+    services = SessionServices(
+        bus,
+        section,
+        agents,
+        end_of_turn,
+        store,
+        voice_to_voice=admission.observe,
+    )
     max_frame = section.server.ws_max_frame_bytes
     state = ServiceState(service="gateway", redis=redis, engine="silero-vad", model="silero_vad_v6")
     vad_holder: dict[str, SileroVad] = {}
@@ -127,6 +138,7 @@ def create_app(
             "sessions": len(sessions),
             "vad_batch_mean": mean,
             "end_of_turn": end_of_turn.name,
+            "admission": admission.reading(len(sessions)).model_dump(),
         }
 
     state.extra = extra
@@ -199,9 +211,13 @@ def create_app(
         offered = ws.scope.get("subprotocols")
         await ws.accept(subprotocol=app_subprotocol(offered) or read_handshake(ws).subprotocol)
         channel = SessionChannel(Channel(ws, "gateway", max_frame), codec)
-        if state.draining or len(sessions) >= section.max_sessions:
-            metrics.SESSIONS_REFUSED.labels("draining" if state.draining else "capacity").inc()
-            await channel.fail(CapacityError("gateway at capacity; retry after 1 s"))
+        try:
+            if state.draining:
+                metrics.SESSIONS_REFUSED.labels("draining").inc()
+                raise CapacityError("gateway draining; retry after 1 s")
+            admission.admit(len(sessions))
+        except CapacityError as exc:
+            await channel.fail(exc)
             return None
         return channel, restored
 

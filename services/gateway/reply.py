@@ -71,6 +71,8 @@ class ReplyContext:
     finished: Callable[[Reply, Status, str], Coroutine[Any, Any, None]]
     """Called once when a reply ends (not when discarded): its status and the text the
     user heard (all of it when completed)."""
+    voice_to_voice: Callable[[float], None] = lambda _seconds: None
+    """Told the voice-to-voice of each reply that answers speech (seconds)."""
 
 
 @dataclass
@@ -311,6 +313,7 @@ class Reply:
                 metrics.TTS_FIRST_AUDIO.observe(now - playout.first_tts_at)
             if self.speech_end_at is not None:
                 metrics.VOICE_TO_VOICE.observe(now - self.speech_end_at)
+                self.ctx.voice_to_voice(now - self.speech_end_at)
         sent_s = playout.sent_bytes / (2 * rate)
         due = playout.started + sent_s - self.ctx.settings.output_lead_ms / 1000
         if due > now:

@@ -71,6 +71,8 @@ class SessionServices:
     end_of_turn: EndOfTurn
     store: SessionStore | None = None
     clock: Callable[[], float] = time.monotonic
+    voice_to_voice: Callable[[float], None] = lambda _seconds: None
+    """Told every answered turn's voice-to-voice (the gateway's admission watches it)."""
 
 
 class Session:
@@ -115,7 +117,14 @@ class Session:
             clock=self.clock,
         )
         context = ReplyContext(
-            channel, self.bus, self.settings, tenant, self._spawn, self.clock, self._reply_ended
+            channel,
+            self.bus,
+            self.settings,
+            tenant,
+            self._spawn,
+            self.clock,
+            self._reply_ended,
+            services.voice_to_voice,
         )
         self.replies = Replies(
             context, self.settings, services.agents, lambda: self.config, self.history

@@ -12,6 +12,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from services.common.audio.vad import VadSettings
 from services.common.service.settings import BaseServiceSettings, ServerSettings
+from services.gateway.admission import AdmissionSettings
 from services.gateway.llm import LlmSettings
 
 
@@ -23,7 +24,10 @@ class GatewaySection(BaseModel):
     gateway_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
     """This process's id on the bus (results come back to it); random when unset."""
     max_sessions: int = Field(default=200, ge=1, le=100_000)
-    """Sessions this process admits; more are refused with close 1013 and a retry hint."""
+    """Sessions this process admits at most; more are refused with close 1013 and a retry
+    hint (the hard cap: `admission` refuses sooner when voice-to-voice says so)."""
+    admission: AdmissionSettings = AdmissionSettings()
+    """Admission by measured voice-to-voice (docs/capacity.md#admission)."""
     default_voice: str = "default"
     """Voice of new sessions."""
     default_agent: str | None = Field(default=None, min_length=1, max_length=64)

@@ -1,19 +1,23 @@
 """`voice-agent loadtest`: N concurrent simulated users against the gateway's /v1/stream.
 
-    voice-agent loadtest --sessions 1,5,10,20 --duration 60 --out loadtest.json --plots plots/
+    voice-agent loadtest --sessions 1,2,4,8 --duration 60 --out loadtest.json --plots plots/
 
-Each level of `--sessions` runs in turn: sessions start spread over `--ramp` seconds,
-then `--duration` seconds are measured. Users speak at real-time pace, wait for the
-agent's reply (or talk over it), pause and go on. The results file (docs/loadtest.md)
-has per-stage latencies, errors by code, word accuracy, server figures and every
-break of the wire contract. Exit status: 0 fine; 1 the service broke the contract or
-the error rate passed `--max-error-rate`; 2 a usage error or no connection at all.
+Each level of `--sessions` runs in turn, smallest first: sessions start spread over
+`--ramp` seconds, then `--duration` seconds are measured. Users speak at real-time pace,
+listen to the agent's whole reply (or talk over it), think and go on. The capacity is the
+most sessions whose voice-to-voice p95 stays within the budget (`--budget-ms`; by default
+max(1.5 × the one-session p95, 1 s)) with no turn lost; the run stops at the first level
+over it. The results file (docs/loadtest.md) has per-stage latencies, where the time went
+(the services' metrics), errors by code, word accuracy, server figures and every break of
+the wire contract. Exit status: 0 fine; 1 the service broke the contract or the error
+rate passed `--max-error-rate`; 2 a usage error or no connection at all.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import shlex
 import sys
 import threading
@@ -23,11 +27,26 @@ from typing import Any, Final
 
 from services.client.stream import StreamClient
 from services.common.platform.extras import MissingExtra, require_extra
+from services.loadtest.breakdown import breakdown, engine_ms
+from services.loadtest.capacity import (
+    BUDGET_FACTOR,
+    BUDGET_FLOOR_MS,
+    Budget,
+    budget_from,
+    find_capacity,
+)
 from services.loadtest.corpus import CorpusError, Utterance, espeak_corpus, folder_corpus
-from services.loadtest.level import LevelPart, level_report, mark_bottlenecks
+from services.loadtest.level import LevelPart, figures_of, judge, level_report, mark_growth
 from services.loadtest.progress import ProgressLine
 from services.loadtest.report import write
-from services.loadtest.server import Sample, Services, engine_ms, http_base, server_report
+from services.loadtest.server import (
+    Sample,
+    Services,
+    http_base,
+    level_histograms,
+    server_report,
+)
+from services.loadtest.summary import level_line, summary_text
 from services.loadtest.user import UserPlan, Window
 from services.loadtest.workers import Workers, run_local, split
 
@@ -36,8 +55,6 @@ START_MARGIN_S: Final = {"local": 0.2, "workers": 3.0}
 """Time to get every session's process ready before a level's clock starts."""
 CLIENT_LAG_WARN_MS: Final = 50.0
 """Audio frames leaving this late (p99) mean the client, not the service, is the limit."""
-SHOWN_VIOLATIONS: Final = 20
-"""Contract violations the terminal summary lists (the results file has them all)."""
 
 
 # ---------------------------------------------------------------------- arguments
@@ -53,7 +70,7 @@ def _sessions(text: str) -> list[int]:
     return levels
 
 
-def _pause(text: str) -> tuple[float, float]:
+def _seconds_range(text: str) -> tuple[float, float]:
     try:
         low, high = (float(part) for part in text.split(","))
     except ValueError:
@@ -82,12 +99,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--duration", type=_bounded(float, 1, 86400), default=60.0, help="measured s per level")
     add("--audio", type=Path, help="folder of .wav (+ NAME.txt scripts); default: espeak-ng")
     add("--barge-in-rate", type=_bounded(float, 0, 1), default=0.2, help="share of turns")
-    add("--pause", type=_pause, default=(1.0, 3.0), help="MIN,MAX seconds between turns")
+    add(
+        "--think-s",
+        "--pause",
+        dest="think_s",
+        type=_seconds_range,
+        default=(0.2, 2.0),
+        help="MIN,MAX seconds a user waits after the reply has played before speaking again",
+    )
     add("--frame-ms", type=_bounded(int, 10, 1000), default=20, help="audio frame size")
     add("--workers", type=_bounded(int, 1, 256), default=1, help="client processes")
     add("--asr-url", help="the ASR service's base URL (its /health and /metrics are sampled)")
     add("--tts-url", help="the TTS service's base URL (its /health and /metrics are sampled)")
-    add("--slo-ms", type=_bounded(float, 1, 600_000), default=2000.0, help="v2v p95 target")
+    add(
+        "--budget-ms",
+        type=_bounded(float, 1, 600_000),
+        help="voice-to-voice p95 budget (default: max(FACTOR × one-session p95, FLOOR))",
+    )
+    add("--budget-factor", type=_bounded(float, 1, 100), default=BUDGET_FACTOR, help="FACTOR")
+    add("--budget-floor-ms", type=_bounded(float, 0, 600_000), default=BUDGET_FLOOR_MS)
+    add("--keep-going", action="store_true", help="run every level, past the capacity too")
     add("--max-error-rate", type=_bounded(float, 0, 1), default=0.05, help="errors per turn")
     add("--reply-timeout", type=_bounded(float, 1, 600), default=20.0, help="s to await a reply")
     add("--seed", type=int, default=0, help="what each user says and when it barges in")
@@ -158,8 +189,8 @@ def execute(args: argparse.Namespace, command_line: str) -> int:
         return _fail(f"cannot open a session at {args.url}: {exc!r}")
     services = Services({"gateway": http_base(args.url), "asr": args.asr_url, "tts": args.tts_url})
     target = {name: s.health if s else None for name, s in services.sample().items()}
-    levels = _run_levels(args, _plan(args, corpus), services)
-    result = _result(args, corpus, target, levels)
+    levels, budget = _run_levels(args, _plan(args, corpus), services)
+    result = _result(args, corpus, target, levels, budget)
     if args.out:
         write(args.out, result, command_line)
     if args.plots:
@@ -176,48 +207,80 @@ def _plan(args: argparse.Namespace, corpus: list[Utterance]) -> UserPlan:
         corpus=tuple(corpus),
         frame_ms=args.frame_ms,
         barge_in_rate=args.barge_in_rate,
-        pause_s=args.pause,
+        think_s=args.think_s,
         reply_timeout_s=args.reply_timeout,
         seed=args.seed,
     )
 
 
+def levels_to_run(args: argparse.Namespace) -> list[int]:
+    """`--sessions`, smallest first; without `--budget-ms` a one-session level comes first
+    (the budget is made from it)."""
+    levels = sorted(set(args.sessions))
+    if args.budget_ms is None and levels[0] != 1:
+        levels.insert(0, 1)
+    return levels
+
+
 def _run_levels(
     args: argparse.Namespace, plan: UserPlan, services: Services
-) -> list[dict[str, Any]]:
-    progress = ProgressLine(levels=len(args.sessions))
+) -> tuple[list[dict[str, Any]], Budget | None]:
+    """Run the levels in turn until one is over the budget (all with --keep-going)."""
+    sessions_list = levels_to_run(args)
+    progress = ProgressLine(levels=len(sessions_list))
     workers = Workers(args.workers) if args.workers > 1 else None
-    levels = []
+    levels: list[dict[str, Any]] = []
+    budget = budget_from(None, args.budget_ms, args.budget_factor, args.budget_floor_ms)
     try:
-        for sessions in args.sessions:
-            margin = START_MARGIN_S["workers" if workers else "local"]
-            timeline = Window(time.time() + margin, args.ramp, args.duration, sessions)
-            jobs = split(plan, timeline, args.workers)
-            before = _LaterSample(services, timeline.measured_from - time.time())
-            progress.start_level(timeline)
-            if workers is None:
-                part: LevelPart = asyncio.run(run_local(jobs[0], progress))
-            else:
-                part = workers.run(jobs, progress)
-            progress.end_level()
-            after = services.sample(window_s=time.time() - timeline.start)
-            before.join()
-            levels.append(
-                level_report(
-                    part,
-                    sessions,
-                    args.duration,
-                    args.slo_ms,
-                    engine_ms(before.sample, after),
-                    server_report(before.sample, after),
-                )
-            )
-            print(level_line(levels[-1]), file=sys.stderr, flush=True)
-            _warn_if_client_lagged(levels[-1])
+        for sessions in sessions_list:
+            level = _run_level(args, plan, services, sessions, workers, progress)
+            levels.append(level)
+            if budget is None and sessions == 1 and level["lost_turns"] == 0:
+                p95 = level["stages_ms"]["voice_to_voice"]["p95"]
+                budget = budget_from(p95, None, args.budget_factor, args.budget_floor_ms)
+            within = judge(level, budget.ms if budget else None)
+            mark_growth(levels)
+            print(level_line(level), file=sys.stderr, flush=True)
+            _warn_if_client_lagged(level)
+            if not within and not args.keep_going:
+                break
     finally:
         if workers is not None:
             workers.close()
-    return levels
+    return levels, budget
+
+
+def _run_level(
+    args: argparse.Namespace,
+    plan: UserPlan,
+    services: Services,
+    sessions: int,
+    workers: Workers | None,
+    progress: ProgressLine,
+) -> dict[str, Any]:
+    margin = START_MARGIN_S["workers" if workers else "local"]
+    timeline = Window(time.time() + margin, args.ramp, args.duration, sessions)
+    jobs = split(plan, timeline, args.workers)
+    before = _LaterSample(services, timeline.measured_from - time.time())
+    progress.start_level(timeline)
+    if workers is None:
+        part: LevelPart = asyncio.run(run_local(jobs[0], progress))
+    else:
+        part = workers.run(jobs, progress)
+    progress.end_level()
+    after = services.sample(window_s=time.time() - timeline.start)
+    before.join()
+    start, end = level_histograms(before.sample), level_histograms(after)
+    v2v = part.samples_ms["voice_to_voice"]
+    client_mean = sum(v2v) / len(v2v) if v2v else None
+    return level_report(
+        part,
+        sessions,
+        args.duration,
+        engine_ms(start, end),
+        server_report(before.sample, after),
+        breakdown(start, end, client_mean),
+    )
 
 
 def _warn_if_client_lagged(level: dict[str, Any]) -> None:
@@ -250,68 +313,51 @@ def _result(
     corpus: list[Utterance],
     target: dict[str, Any],
     levels: list[dict[str, Any]],
+    budget: Budget | None,
 ) -> dict[str, Any]:
-    breaks_at, bottleneck = mark_bottlenecks(levels)
     violations = [v for level in levels for v in level.pop("contract_violations")]
     too_many_errors = any(level["error_rate"] > args.max_error_rate for level in levels)
     return {
         "benchmark": "loadtest",
         "target": {"url": args.url, **target},
         "config": {
-            "sessions": args.sessions,
+            "sessions": levels_to_run(args),
             "ramp_s": args.ramp,
             "duration_s": args.duration,
             "barge_in_rate": args.barge_in_rate,
             "corpus": str(args.audio) if args.audio else "espeak",
             "utterances": len(corpus),
             "frame_ms": args.frame_ms,
-            "pause_s": list(args.pause),
+            "think_s": list(args.think_s),
             "workers": args.workers,
-            "slo_voice_to_voice_ms": args.slo_ms,
+            "budget_ms": args.budget_ms,
+            "budget_factor": args.budget_factor,
+            "budget_floor_ms": args.budget_floor_ms,
+            "keep_going": args.keep_going,
             "max_error_rate": args.max_error_rate,
             "seed": args.seed,
         },
+        "budget": None if budget is None else dataclasses.asdict(budget),
+        "capacity": capacity_of(levels, budget),
         "levels": levels,
-        "breaks_at": breaks_at,
-        "bottleneck": bottleneck,
         "contract_violations": violations,
         "ok": not violations and not too_many_errors,
     }
 
 
-# ---------------------------------------------------------------------- text
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0f}"
-
-
-def level_line(level: dict[str, Any]) -> str:
-    """One level in one line."""
-    stages = level["stages_ms"]
-    v2v, asr = stages["voice_to_voice"], stages["asr"]
-    accuracy = level["word_accuracy"]["mean"]
-    errors = ", ".join(f"{k} {v}" for k, v in level["errors"].items()) or "none"
-    return (
-        f"{level['sessions']} sessions: {level['turns']} turns "
-        f"({level['turns_completed']} answered, {level['barge_ins']} barge-ins), "
-        f"v2v p50/p95 {_ms(v2v['p50'])}/{_ms(v2v['p95'])} ms, "
-        f"asr p95 {_ms(asr['p95'])} ms, "
-        f"words {'-' if accuracy is None else f'{accuracy:.2f}'}, errors: {errors}, "
-        f"{'real time OK' if level['realtime_ok'] else 'NOT real time'}"
-    )
-
-
-def summary_text(result: dict[str, Any]) -> str:
-    """What the run found, for the terminal."""
-    lines = [level_line(level) for level in result["levels"]]
-    if result["breaks_at"] is not None:
-        lines.append(
-            f"breaks at {result['breaks_at']} sessions (bottleneck: {result['bottleneck']})"
-        )
-    violations = result["contract_violations"]
-    lines.extend(f"contract violation: {v}" for v in violations[:SHOWN_VIOLATIONS])
-    if len(violations) > SHOWN_VIOLATIONS:
-        lines.append(f"... and {len(violations) - SHOWN_VIOLATIONS} more contract violations")
-    lines.append("OK" if result["ok"] else "FAILED")
-    return "\n".join(lines)
+def capacity_of(levels: list[dict[str, Any]], budget: Budget | None) -> dict[str, Any]:
+    """The run's capacity: the most sessions within the budget with no turn lost, the first
+    level over it, why, and the stage that grew there."""
+    if budget is None or not levels:
+        why = "no budget: the one-session level answered no turn, or lost one"
+        return {"sessions": None, "at_least": False, "over_at": None, "why": why, "grows": None}
+    found = find_capacity([figures_of(level) for level in levels], budget.ms)
+    over = next((lv for lv in levels if lv["sessions"] == found.over_at), None)
+    return {
+        "sessions": found.sessions,
+        "at_least": found.at_least,
+        "over_at": found.over_at,
+        "why": found.why,
+        "grows": over["grows"] if over is not None else None,
+        "noisy": found.noisy,
+    }

@@ -64,6 +64,7 @@ class Response:
     last_audio_at: float | None = None
     audio_ms: float = 0.0
     stall_ms: float = 0.0  # worst gap a client playing from the first frame would hear
+    played_until: float | None = None  # when a player started at the first frame ends it
     cleared_at: float | None = None
     audio_done_at: float | None = None
     done_at: float | None = None
@@ -168,7 +169,10 @@ class Conversation:
         gap = (at - response.first_audio_at) * 1000 - response.audio_ms
         response.stall_ms = max(response.stall_ms, gap)
         response.last_audio_at = at
-        response.audio_ms += size / 2 / self.output_rate * 1000
+        seconds = size / 2 / self.output_rate
+        response.audio_ms += seconds * 1000
+        # a player that waits when its buffer runs dry: each frame plays after the one before
+        response.played_until = max(response.played_until or at, at) + seconds
 
     def _cleared(self, at: float, event: dict[str, Any]) -> None:
         response = self._known(str(event.get("response_id")), "output_audio.clear")

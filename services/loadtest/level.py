@@ -9,6 +9,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from services.loadtest.breakdown import growing_stage
+from services.loadtest.capacity import LevelFigures, over_budget
 from services.loadtest.stats import STAGES, lag_stats, stats, turn_figures
 from services.loadtest.user import SessionRun
 
@@ -16,7 +18,8 @@ STALL_TOLERANCE_MS: Final = 50.0
 """Agent audio may arrive this much later than real time before a session counts as
 fallen behind (the gateway sends 200 ms ahead, so this is already past that lead)."""
 DECOMPOSED: Final = ("end_of_turn", "asr", "response")
-"""The stages voice-to-voice is the sum of: where a bottleneck is looked for."""
+"""The client's stages voice-to-voice is the sum of: where the growing stage is looked for
+when the services' metrics were not read."""
 
 
 @dataclass
@@ -28,6 +31,9 @@ class LevelPart:
     turns_completed: int = 0
     barge_ins: int = 0
     attempts: int = 0  # every turn started, ramp included, plus failed connections
+    refused: int = 0  # sessions that never connected
+    spoke_s: float = 0.0  # speech the users sent
+    alive_s: float = 0.0  # the sessions' time connected
     samples_ms: dict[str, list[float]] = field(default_factory=lambda: {s: [] for s in STAGES})
     accuracy: list[float] = field(default_factory=list)
     errors: Counter[str] = field(default_factory=Counter)
@@ -40,10 +46,13 @@ class LevelPart:
         """Fold in one finished session."""
         if run.connect_error is not None:
             self.attempts += 1
+            self.refused += 1
             self.errors[run.connect_error] += 1
             return
         conversation, turns = run.conversation, run.turns
         self.sessions += 1
+        self.spoke_s += run.spoke_s
+        self.alive_s += run.alive_s
         self.attempts += len(turns)
         for turn, figures in zip(turns, turn_figures(conversation, turns), strict=True):
             if not turn.in_window:
@@ -72,6 +81,9 @@ class LevelPart:
         self.turns_completed += other.turns_completed
         self.barge_ins += other.barge_ins
         self.attempts += other.attempts
+        self.refused += other.refused
+        self.spoke_s += other.spoke_s
+        self.alive_s += other.alive_s
         for stage in STAGES:
             self.samples_ms[stage].extend(other.samples_ms[stage])
         self.accuracy.extend(other.accuracy)
@@ -90,38 +102,43 @@ def level_report(
     part: LevelPart,
     sessions: int,
     duration_s: float,
-    slo_ms: float,
     engine_ms: float | None,
     server: dict[str, Any],
+    breakdown_ms: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The LEVEL object of the results file (bottleneck filled in by `mark_bottlenecks`)."""
+    """The LEVEL object of the results file; `judge` gives its verdict, `mark_growth` the
+    stage that grows."""
     samples = dict(part.samples_ms)
     if engine_ms is not None:
         samples["gateway_added"] = [v - engine_ms for v in samples["gateway_added"]]
     else:
         samples["gateway_added"] = []  # nothing to subtract: it would only repeat asr+response
     stages = {stage: stats(samples[stage]) for stage in STAGES}
-    v2v_p95 = stages["voice_to_voice"]["p95"]
-    realtime_ok = v2v_p95 is not None and v2v_p95 <= slo_ms and part.stalled_responses == 0
     accuracy = part.accuracy
     return {
         "sessions": sessions,
         "duration_s": round(duration_s, 1),
         "turns": part.turns,
         "turns_completed": part.turns_completed,
+        "lost_turns": part.turns - part.turns_completed,
+        "refused_sessions": part.refused,
         "barge_ins": part.barge_ins,
         "turns_per_s": round(part.turns / duration_s, 3) if duration_s > 0 else 0.0,
+        "duty_cycle": round(part.spoke_s / part.alive_s, 3) if part.alive_s > 0 else None,
         "stages_ms": stages,
+        "breakdown_ms": breakdown_ms or {},
         "errors": dict(sorted(part.errors.items())),
         "error_rate": round(part.error_rate, 4),
         "word_accuracy": {
             "mean": round(sum(accuracy) / len(accuracy), 3) if accuracy else None,
             "count": len(accuracy),
         },
-        "realtime_ok": realtime_ok,
+        "within_budget": None,
+        "over_budget": None,
+        "audio_kept_up": part.stalled_responses == 0,
         "contract_violations": list(part.violations),  # moved to the top level by the run
         "stalled_responses": part.stalled_responses,
-        "bottleneck": None,
+        "grows": None,
         "engine_ms": None if engine_ms is None else round(engine_ms, 1),
         "server": server,
         "client": {
@@ -132,26 +149,46 @@ def level_report(
     }
 
 
-def mark_bottlenecks(levels: list[dict[str, Any]]) -> tuple[int | None, str | None]:
-    """Fill each failing level's `bottleneck`; return (breaks_at, bottleneck) of the run.
+def figures_of(level: dict[str, Any]) -> LevelFigures:
+    """What the capacity rule looks at in a LEVEL."""
+    return LevelFigures(
+        sessions=int(level["sessions"]),
+        v2v_p95_ms=level["stages_ms"]["voice_to_voice"]["p95"],
+        lost_turns=int(level["lost_turns"]),
+        refused_sessions=int(level["refused_sessions"]),
+    )
 
-    A level's bottleneck is the stage of voice-to-voice whose p95 grew most since the
-    first level; the first level and levels that meet the SLO have none.
-    """
+
+def judge(level: dict[str, Any], budget_ms: float | None) -> bool:
+    """Set the level's `within_budget` and `over_budget` (why not); returns the verdict.
+    No budget known: not within (the one-session level gave none)."""
+    why = "no budget: the one-session level answered no turn"
+    if budget_ms is not None:
+        why = over_budget(figures_of(level), budget_ms) or ""
+    level["within_budget"], level["over_budget"] = not why, why or None
+    return not why
+
+
+def mark_growth(levels: list[dict[str, Any]]) -> None:
+    """Each level's `grows`: the stage whose mean grew most since the first level (from
+    the services' metrics), or else the client stage whose p95 grew most."""
     if not levels:
-        return None, None
-    first = levels[0]["stages_ms"]
+        return
+    first = levels[0]
     for level in levels[1:]:
-        if level["realtime_ok"]:
-            continue
-        growth = {
-            stage: (level["stages_ms"][stage]["p95"] or 0.0) - (first[stage]["p95"] or 0.0)
-            for stage in DECOMPOSED
-            if level["stages_ms"][stage]["p95"] is not None
-        }
-        if growth:
-            level["bottleneck"] = max(growth, key=lambda stage: growth[stage])
-    broken = next((level for level in levels if not level["realtime_ok"]), None)
-    if broken is None:
-        return None, None
-    return int(broken["sessions"]), broken["bottleneck"]
+        grown = growing_stage(first["breakdown_ms"], level["breakdown_ms"])
+        if grown is None and not level["breakdown_ms"]:
+            grown = _client_growth(first["stages_ms"], level["stages_ms"])
+        level["grows"] = grown
+
+
+def _client_growth(first: dict[str, Any], level: dict[str, Any]) -> str | None:
+    growth = {
+        stage: (level[stage]["p95"] or 0.0) - (first[stage]["p95"] or 0.0)
+        for stage in DECOMPOSED
+        if level[stage]["p95"] is not None
+    }
+    if not growth:
+        return None
+    stage = max(growth, key=lambda s: growth[s])
+    return stage if growth[stage] > 0 else None

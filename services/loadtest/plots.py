@@ -1,4 +1,5 @@
-"""PNG plots of a load test: latency CDFs per stage, and percentiles against concurrency.
+"""PNG plots of a load test: latency CDFs per stage, percentiles against concurrency, and
+where voice-to-voice went (the services' stage means) against concurrency.
 
 matplotlib with the Agg backend (no display needed); it is imported only when plots
 are asked for.
@@ -10,18 +11,24 @@ from pathlib import Path
 from typing import Any
 
 from services.loadtest.stats import STAGES
+from services.loadtest.summary import BREAKDOWN_ORDER
 
 CDF_FILE = "latency_cdf.png"
 PERCENTILES_FILE = "latency_vs_sessions.png"
+BREAKDOWN_FILE = "breakdown_vs_sessions.png"
 
 
 def write_plots(result: dict[str, Any], folder: Path) -> list[Path]:
-    """Both figures of a results file into `folder`; their paths."""
+    """The figures of a results file into `folder` (the breakdown when the services'
+    metrics were read); their paths."""
     import matplotlib
 
     matplotlib.use("Agg")
     folder.mkdir(parents=True, exist_ok=True)
-    return [_cdf(result, folder / CDF_FILE), _percentiles(result, folder / PERCENTILES_FILE)]
+    paths = [_cdf(result, folder / CDF_FILE), _percentiles(result, folder / PERCENTILES_FILE)]
+    if any(level.get("breakdown_ms") for level in result["levels"]):
+        paths.append(_breakdown(result, folder / BREAKDOWN_FILE))
+    return paths
 
 
 def _grid(title: str) -> tuple[Any, list[Any]]:
@@ -72,14 +79,37 @@ def _percentiles(result: dict[str, Any], path: Path) -> Path:
     return _save(figure, path)
 
 
+def _breakdown(result: dict[str, Any], path: Path) -> Path:
+    """Each stage's mean against the number of sessions: the one that grows is the limit."""
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(9, 6), constrained_layout=True)
+    axis.set_title("Where voice-to-voice went: mean per stage (services' metrics)")
+    levels = result["levels"]
+    for stage in BREAKDOWN_ORDER:
+        points = [
+            (level["sessions"], level["breakdown_ms"][stage]["mean"])
+            for level in levels
+            if (level.get("breakdown_ms") or {}).get(stage, {}).get("mean") is not None
+        ]
+        if points:
+            axis.plot(*zip(*points, strict=True), "o-", label=stage)
+    axis.set_xticks([level["sessions"] for level in levels])
+    axis.set_xlabel("concurrent sessions")
+    axis.set_ylabel("ms")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize="small")
+    return _save(figure, path)
+
+
 def _finish(
     axis: Any, result: dict[str, Any], stage: str, xlabel: str, ylabel: str, slo_vertical: bool
 ) -> None:
-    """A panel's SLO line (voice-to-voice only), title, labels, grid and legend."""
-    if stage == "voice_to_voice":
-        slo = result["config"]["slo_voice_to_voice_ms"]
+    """A panel's budget line (voice-to-voice only), title, labels, grid and legend."""
+    budget = (result.get("budget") or {}).get("ms")
+    if stage == "voice_to_voice" and budget is not None:
         line = axis.axvline if slo_vertical else axis.axhline
-        line(slo, color="red", linestyle="--", linewidth=1, label=f"SLO {slo:.0f} ms")
+        line(budget, color="red", linestyle="--", linewidth=1, label=f"budget {budget:.0f} ms")
     axis.set_title(stage)
     axis.set_xlabel(xlabel)
     axis.set_ylabel(ylabel)

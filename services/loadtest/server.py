@@ -1,9 +1,10 @@
 """What the services say about themselves during a load level: /health and /metrics.
 
-Sampled at the start and the end of each level: the end's /health gives memory, queue
-depth and event-loop lag (over the level's time); the two /health `process.cpu_seconds`
-give CPU use; the two /metrics give the engines' own time per utterance and per first
-audio chunk, which `gateway_added` subtracts.
+Sampled when each level's measured window opens and when the level ends: the end's
+/health gives memory, queue depth and event-loop lag (over the level's time); the two
+/health `process.cpu_seconds` give CPU use; the two /metrics give the histograms of
+services/loadtest/breakdown.py: where voice-to-voice went, and the engines' own time that
+`gateway_added` subtracts.
 """
 
 from __future__ import annotations
@@ -16,11 +17,8 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-ENGINE_TIME: Final = {
-    "asr": ("va_asr_latency_seconds", {"mode": "final"}),
-    "tts": ("va_tts_first_audio_seconds", {}),
-}
-"""Per service: the histogram of its own time per job (batcher/synthesizer to result)."""
+from services.loadtest.breakdown import Histogram, histograms
+
 TIMEOUT_S: Final = 5.0
 
 
@@ -37,7 +35,8 @@ class Sample:
 
     at: float
     health: dict[str, Any] | None
-    engine: tuple[float, float] | None = None  # (sum seconds, count) of its engine histogram
+    histograms: dict[str, Histogram] = field(default_factory=dict)
+    """The breakdown's histograms this service exports (breakdown.HISTOGRAMS)."""
 
 
 @dataclass
@@ -57,10 +56,8 @@ def _sample(name: str, url: str, window_s: float) -> Sample:
     window = min(600.0, max(1.0, window_s))
     with httpx.Client(base_url=url.rstrip("/"), timeout=TIMEOUT_S) as client:
         health = _json(client, f"/health?window_s={window:.0f}")
-        engine = None
-        if name in ENGINE_TIME:
-            engine = _histogram(client, *ENGINE_TIME[name])
-    return Sample(time.time(), health, engine)
+        found = histograms(_metrics(client), name)
+    return Sample(time.time(), health, found)
 
 
 def _json(client: httpx.Client, path: str) -> dict[str, Any] | None:
@@ -72,42 +69,22 @@ def _json(client: httpx.Client, path: str) -> dict[str, Any] | None:
     return body if isinstance(body, dict) else None
 
 
-def _histogram(
-    client: httpx.Client, metric: str, labels: dict[str, str]
-) -> tuple[float, float] | None:
+def _metrics(client: httpx.Client) -> list[Any]:
+    """Every sample of the service's /metrics (empty when it does not answer)."""
     try:
         response = client.get("/metrics")
     except httpx.HTTPError:
-        return None
+        return []
     if response.status_code != 200:
-        return None
-    totals = {"_sum": 0.0, "_count": 0.0}
-    for family in text_string_to_metric_families(response.text):
-        if family.name != metric:
-            continue
-        for sample in family.samples:
-            suffix = sample.name.removeprefix(metric)
-            if suffix in totals and all(sample.labels.get(k) == v for k, v in labels.items()):
-                totals[suffix] += sample.value
-    return totals["_sum"], totals["_count"]
+        return []
+    return [s for family in text_string_to_metric_families(response.text) for s in family.samples]
 
 
-def engine_ms(start: dict[str, Sample | None], end: dict[str, Sample | None]) -> float | None:
-    """The engines' mean own time per turn over the level (ASR final + TTS first audio), ms.
-
-    None when no engine service was watched or none did any work in between.
-    """
-    total, known = 0.0, False
-    for name in ENGINE_TIME:
-        before, after = start.get(name), end.get(name)
-        if before is None or after is None or before.engine is None or after.engine is None:
-            continue
-        seconds = after.engine[0] - before.engine[0]
-        count = after.engine[1] - before.engine[1]
-        if count > 0:
-            total += seconds / count * 1000
-            known = True
-    return total if known else None
+def level_histograms(
+    samples: dict[str, Sample | None],
+) -> dict[str, Histogram]:
+    """Every watched service's breakdown histograms in one map (their names never clash)."""
+    return {k: h for sample in samples.values() if sample for k, h in sample.histograms.items()}
 
 
 def server_report(start: dict[str, Sample | None], end: dict[str, Sample | None]) -> dict[str, Any]:

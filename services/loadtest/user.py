@@ -1,5 +1,6 @@
-"""One simulated user: speaks at real-time pace, waits for the agent (or talks over it),
-pauses, and goes on until the level's measured window is over.
+"""One simulated user: speaks at real-time pace, waits for the agent, listens to the whole
+reply as it plays (or talks over it), thinks a moment, and goes on until the level's
+measured window is over.
 
 Between utterances it streams silence, as a live microphone does. Everything the
 server sends goes to a `Conversation`, which the level later turns into figures.
@@ -35,7 +36,8 @@ class UserPlan:
     corpus: tuple[Utterance, ...]
     frame_ms: int = 20
     barge_in_rate: float = 0.0
-    pause_s: tuple[float, float] = (1.0, 3.0)
+    think_s: tuple[float, float] = (0.2, 2.0)
+    """After the reply has played out: the user's gap before speaking again (uniform)."""
     reply_timeout_s: float = 20.0
     drain_timeout_s: float = 20.0
     seed: int = 0
@@ -88,6 +90,8 @@ class SessionRun:
     send_lag_ms: list[float] = field(default_factory=list)
     connect_error: str | None = None
     timeouts: int = 0
+    spoke_s: float = 0.0  # speech sent (the clips' length)
+    alive_s: float = 0.0  # connected
 
 
 class User:
@@ -116,10 +120,12 @@ class User:
         conversation.start(client.session)
         self.live.conversations.append(conversation)
         self.live.up += 1
+        connected = time.monotonic()
         try:
             await self._session(client)
         finally:
             self.live.up -= 1
+            self.record.alive_s = time.monotonic() - connected
             self.record.send_lag_ms = client.send_lag_ms
             await client.__aexit__()
         return self.record
@@ -160,6 +166,7 @@ class User:
             client.new_turn()  # the client's own per-turn buffer: keep it small
             lead = 0 if barge else LEAD_SILENCE_MS
             spoken = await client.speak(utterance.audio, RATE, plan.frame_ms, lead)
+            self.record.spoke_s += utterance.audio.size / RATE
             turn.last_sent_at = spoken.last_speech_sent_at
             response = await self._answer(client, turn)
             barge = response is not None and self.rng.random() < plan.barge_in_rate
@@ -169,12 +176,17 @@ class User:
                 await self._until_done(client, response)
             self._count(response, turn)
             if not barge:
-                await client.silence(self.rng.uniform(*plan.pause_s), plan.frame_ms)
+                await client.silence(self.rng.uniform(*plan.think_s), plan.frame_ms)
 
     async def _until_done(self, client: StreamClient, response: Response) -> None:
+        """Listen to the whole reply: until its `response.done`, then until its audio has
+        played (the gateway sends it a little ahead of real time)."""
         timeout_s, frame_ms = self.plan.reply_timeout_s, self.plan.frame_ms
         ended = await client.silence_while(lambda: response.done_at is None, timeout_s, frame_ms)
         self.record.timeouts += not ended
+        playing_s = (response.played_until or 0.0) - time.monotonic()
+        if ended and playing_s > 0:
+            await client.silence(playing_s, frame_ms)
 
     def _utterance(self) -> Utterance:
         corpus = self.plan.corpus

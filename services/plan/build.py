@@ -53,7 +53,7 @@ def build_plan(
         if not isinstance(m, DuplexSteps):  # their own section: another kind of session
             by_machine.setdefault(m.machine.summary(), []).append(m)
     tests = [m for m in measurements if isinstance(m, Loadtest)]
-    paces = (loadtest_pace(t, measured_sessions(t)[0]) for t in tests)
+    paces = (loadtest_pace(t, measured_sessions(t, options)[0]) for t in tests)
     fallback = next((p for p in paces if p is not None), None)
     setups = []
     for found in by_machine.values():
@@ -112,11 +112,11 @@ def _setup(
     if test is None:
         missing.append(f"no loadtest on this machine: run {RUN_LOADTEST}")
     else:
-        held, notes = measured_sessions(test)
+        held, notes = measured_sessions(test, options)
         own_pace = loadtest_pace(test, held)
         memory = memory_lines(test, options, missing)
         if options.target_sessions is not None:
-            latency = latency_at(test, options.target_sessions, missing)
+            latency = latency_at(test, options.target_sessions, missing, options)
     pace = _pace(options, own_pace, fallback_pace, notes, missing)
     asr, tts, bench_notes = engine_benches(test, others, missing)
     notes.extend(bench_notes)
@@ -175,7 +175,7 @@ def _bases(
     """The sessions per machine to size by, each with what it rests on."""
     bases: list[tuple[str, Figure]] = []
     if held is not None:
-        bases.append(("measured: largest real-time loadtest level", held))
+        bases.append(("measured: most sessions within the voice-to-voice budget", held))
         scaled = rescaled(held, own_pace, options) if own_pace is not None else None
         if scaled is not None:
             bases.append(("measured, rescaled to --turns-per-minute", scaled))

@@ -74,6 +74,11 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         help="turns/s one Redis master carries, measured (default: the most a loadtest ran)",
     )
+    parser.add_argument(
+        "--budget-ms",
+        type=float,
+        help="voice-to-voice p95 budget to judge every loadtest by (default: each file's own)",
+    )
     parser.add_argument("--out", type=Path, help="write the markdown plan here too")
     parser.add_argument("--json", type=Path, help="write the plan as JSON here")
 

@@ -26,7 +26,7 @@ from services.plan.figures import (
 from services.plan.inputs import AsrBatching, Loadtest, TtsStream
 from services.plan.model import EngineBasis, HostRow, MultiHost, PlanOptions, SeedRow, Setup
 from services.plan.seeds import SEED_CLAIMS, SeedClaim
-from services.plan.sessions import measured_sessions
+from services.plan.sessions import judge_loadtest, measured_sessions
 
 RUN_FAKE = (
     "python -m benchmarks.loadtest_stack --profile fake --gateway-cpu 0 --others-cpu 1 -- "
@@ -42,7 +42,7 @@ def is_fake(test: Loadtest) -> bool:
 
 
 def held_turn_rate(test: Loadtest, held: Figure | None) -> Figure | None:
-    """Turns/s the loadtest carried at its largest real-time level."""
+    """Turns/s the loadtest carried at its capacity level."""
     if held is None:
         return None
     for index, level in enumerate(test.levels):
@@ -86,13 +86,15 @@ def engine_capacity(
     return derived(min(asr_rate, tts_rate), "turns/s", formula, [utt, calls, audio, reply], True)
 
 
-def _gateway(tests: Sequence[Loadtest], notes: list[str], missing: list[str]) -> Figure | None:
+def _gateway(
+    tests: Sequence[Loadtest], options: PlanOptions, notes: list[str], missing: list[str]
+) -> Figure | None:
     fakes = [t for t in tests if is_fake(t)]
     if not fakes:
         missing.append(f"sessions per gateway process: no fake-engine loadtest; run {RUN_FAKE}")
         return None
     test = max(fakes, key=lambda t: t.timestamp)
-    held, found = measured_sessions(test)
+    held, found = measured_sessions(test, options)
     notes.extend(f"gateway ({test.path}): {note}" for note in found)
     pinned = "--gateway-cpu" in test.command
     notes.append(
@@ -108,9 +110,10 @@ def _redis(tests: Sequence[Loadtest], options: PlanOptions, notes: list[str]) ->
         return given(options.redis_turns_per_s, "turns/s", "--redis-turns-per-s")
     best: Figure | None = None
     for test in tests:
+        within = judge_loadtest(test, options).within
         for index, level in enumerate(test.levels):
             if (
-                level.realtime_ok
+                within[index]
                 and level.turns_per_s
                 and (best is None or level.turns_per_s > best.value)
             ):
@@ -131,7 +134,7 @@ def multi_host(
     """Hosts for each of --hosts-for concurrent sessions, and the seeds' figures beside."""
     notes: list[str] = []
     missing: list[str] = []
-    per_gateway = _gateway(tests, notes, missing)
+    per_gateway = _gateway(tests, options, notes, missing)
     cores = given(options.gateway_host_cores, "cores", "--gateway-host-cores")
     per_host = derived(
         cores.value - 1,

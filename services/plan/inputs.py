@@ -68,9 +68,24 @@ class Level(_In):
     sessions: int = Field(ge=1)
     turns_per_s: float | None = Field(default=None, ge=0)
     stages_ms: dict[str, StageStats] = Field(default_factory=dict)
-    realtime_ok: bool
+    turns: int | None = Field(default=None, ge=0)
+    turns_completed: int | None = Field(default=None, ge=0)
+    lost_turns: int | None = Field(default=None, ge=0)
+    """Turns without an answer (older files: turns − turns_completed)."""
+    refused_sessions: int = Field(default=0, ge=0)
+    grows: str | None = None
+    """The stage whose time grew most since the first level."""
     bottleneck: str | None = None
+    """Older files' name for `grows` (client stages only)."""
     server: LevelServer | None = None
+
+    def lost(self) -> tuple[int, str | None]:
+        """Lost turns, and the field they come from (None: unknown, taken as none)."""
+        if self.lost_turns is not None:
+            return self.lost_turns, "lost_turns"
+        if self.turns is not None and self.turns_completed is not None:
+            return max(0, self.turns - self.turns_completed), "turns, turns_completed"
+        return 0, None
 
     @field_validator("stages_ms", mode="before")
     @classmethod
@@ -79,6 +94,11 @@ class Level(_In):
         if isinstance(value, dict):
             return {stage: stats for stage, stats in value.items() if stats is not None}
         return value
+
+
+class BudgetIn(_In):
+    ms: float = Field(gt=0)
+    rule: str = "given"
 
 
 class EngineHealth(_In):
@@ -95,6 +115,8 @@ class Target(_In):
 class Loadtest(MeasurementFile):
     benchmark: Literal["loadtest"]
     target: Target = Field(default_factory=Target)
+    budget: BudgetIn | None = None
+    """The voice-to-voice p95 budget the run judged its levels by (older files: none)."""
     levels: list[Level] = Field(min_length=1)
 
 

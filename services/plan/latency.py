@@ -7,18 +7,22 @@ from services.common.stats import percentile
 from services.loadtest.stats import STAGES
 from services.plan.figures import Figure, derived, fmt, measured
 from services.plan.inputs import BargeIn, Loadtest, MeasurementFile, VoiceToVoice
-from services.plan.model import Latency, ReferenceLatency, StageLatency
+from services.plan.model import Latency, PlanOptions, ReferenceLatency, StageLatency
+from services.plan.sessions import judge_loadtest
 
 QUANTILES = ("p50", "p95", "p99")
 
 
-def latency_at(test: Loadtest, target: int, missing: list[str]) -> Latency | None:
+def latency_at(
+    test: Loadtest, target: int, missing: list[str], options: PlanOptions | None = None
+) -> Latency | None:
     """Per-stage latency at `target` sessions: measured there, or interpolated between the
     levels either side (ESTIMATE); never extrapolated."""
     levels = test.levels
+    within = judge_loadtest(test, options or PlanOptions()).within
     exact = [i for i, level in enumerate(levels) if level.sessions == target]
     if exact:
-        return _measured_at(test, exact[-1])
+        return _measured_at(test, exact[-1], within)
     below = [i for i, level in enumerate(levels) if level.sessions < target]
     above = [i for i, level in enumerate(levels) if level.sessions > target]
     if not below or not above:
@@ -32,7 +36,7 @@ def latency_at(test: Loadtest, target: int, missing: list[str]) -> Latency | Non
         return None
     lo = max(below, key=lambda i: levels[i].sessions)
     hi = min(above, key=lambda i: levels[i].sessions)
-    return _interpolated_at(test, lo, hi, target)
+    return _interpolated_at(test, lo, hi, target, within)
 
 
 def _stage_figure(test: Loadtest, index: int, stage: str, q: str) -> Figure | None:
@@ -43,7 +47,7 @@ def _stage_figure(test: Loadtest, index: int, stage: str, q: str) -> Figure | No
     return measured(value, "ms", test, f"levels[{index}].stages_ms.{stage}.{q}")
 
 
-def _measured_at(test: Loadtest, index: int) -> Latency:
+def _measured_at(test: Loadtest, index: int, within: list[bool]) -> Latency:
     level = test.levels[index]
     stages = [
         StageLatency(
@@ -58,12 +62,12 @@ def _measured_at(test: Loadtest, index: int) -> Latency:
         sessions=level.sessions,
         basis="measured",
         levels=[level.sessions],
-        realtime_ok=[level.realtime_ok],
+        within_budget=[within[index]],
         stages=stages,
     )
 
 
-def _interpolated_at(test: Loadtest, lo: int, hi: int, target: int) -> Latency:
+def _interpolated_at(test: Loadtest, lo: int, hi: int, target: int, within: list[bool]) -> Latency:
     low, high = test.levels[lo], test.levels[hi]
     stages = []
     for stage in STAGES:
@@ -76,7 +80,7 @@ def _interpolated_at(test: Loadtest, lo: int, hi: int, target: int) -> Latency:
         sessions=target,
         basis="interpolated",
         levels=[low.sessions, high.sessions],
-        realtime_ok=[low.realtime_ok, high.realtime_ok],
+        within_budget=[within[lo], within[hi]],
         stages=stages,
     )
 

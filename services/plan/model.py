@@ -22,6 +22,8 @@ class PlanOptions(Out):
     )
     gateway_host_cores: int = Field(default=16, ge=2, le=1024)
     redis_turns_per_s: float | None = Field(default=None, gt=0)
+    budget_ms: float | None = Field(default=None, gt=0)
+    """Voice-to-voice p95 budget to judge every loadtest by (default: each file's own)."""
 
 
 class StageLatency(Out):
@@ -36,7 +38,7 @@ class Latency(Out):
     sessions: int
     basis: Literal["measured", "interpolated"]
     levels: list[int]
-    realtime_ok: list[bool]
+    within_budget: list[bool]
     stages: list[StageLatency]
 
 
@@ -118,7 +120,7 @@ class Setup(Out):
     references: list[ReferenceLatency]
     sizing: list[Sizing]
     measured_turns_per_s: Figure | None = None
-    """Turns/s at the largest level that stayed real time (the whole stack on this machine)."""
+    """Turns/s at the capacity level (the whole stack on this machine)."""
     engine_turns_per_s: Figure | None = None
     """ESTIMATE: turns/s one ASR and one TTS device carry, from the engine benchmarks."""
     missing: list[str]

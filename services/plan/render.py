@@ -101,9 +101,9 @@ def _setup_markdown(number: int, setup: Setup, o: PlanOptions, cite: Citations) 
     ]
     if setup.measured_sessions is not None:
         out.append(
-            f"| measured: largest level that stayed real time (`realtime_ok`) | "
+            f"| measured: most sessions within the voice-to-voice budget | "
             f"{as_text(setup.measured_sessions)} {cite(setup.measured_sessions)} | "
-            "every level up to it was real time |"
+            f"{setup.measured_sessions.formula}; every smaller level within too |"
         )
     elif not setup.estimates:
         out.append("| — | — | neither a loadtest nor an engine estimate: see Missing |")
@@ -154,8 +154,8 @@ def _latency_markdown(setup: Setup, cite: Citations) -> list[str]:
     if latency is None:
         return []
     ok = ", ".join(
-        f"level {n}: realtime_ok {str(v).lower()}"
-        for n, v in zip(latency.levels, latency.realtime_ok, strict=True)
+        f"level {n}: {'within' if v else 'over'} the voice-to-voice budget"
+        for n, v in zip(latency.levels, latency.within_budget, strict=True)
     )
     if latency.basis == "measured":
         how = f"Measured at that level ({ok})."

@@ -25,7 +25,7 @@ from services.common.audio.pcm import AudioF32, StreamResampler, ms_to_samples
 from services.common.errors import CapacityError, UnknownVoice
 from services.common.tenancy import DEFAULT_TENANT
 from services.tts.engines.base import SpeechRequest, TtsEngine
-from services.tts.metrics import TTS_AUDIO_SECONDS, TTS_FIRST_AUDIO, TTS_RTF
+from services.tts.metrics import TTS_AUDIO_SECONDS, TTS_FIRST_AUDIO, TTS_QUEUE_WAIT, TTS_RTF
 from services.tts.voices import VoiceInfo, VoiceLibrary, is_library_id
 
 OPENAI_VOICES: Final = frozenset(
@@ -129,10 +129,12 @@ class Synthesizer:
             raise CapacityError(f"TTS queue is full ({self.max_queue} waiting)", retry_after_s=1)
         request = await self._library_voice(request, tenant)
         self.waiting += 1
+        arrived = time.perf_counter()
         try:
             await self._slots.acquire()
         finally:
             self.waiting -= 1
+        TTS_QUEUE_WAIT.observe(time.perf_counter() - arrived)
         self.active += 1
         try:
             async for chunk in self._run(request, sample_rate):

@@ -12,12 +12,13 @@ from typing import Any
 import pytest
 
 from services.client.stream import write_wav
+from services.loadtest.breakdown import Histogram, engine_ms
 from services.loadtest.cli import add_loadtest_command, main
 from services.loadtest.contract import Conversation
-from services.loadtest.level import LevelPart, level_report, mark_bottlenecks
+from services.loadtest.level import LevelPart, judge, level_report, mark_growth
 from services.loadtest.plots import write_plots
 from services.loadtest.progress import ProgressLine
-from services.loadtest.server import Sample, engine_ms, http_base, server_report
+from services.loadtest.server import Sample, http_base, level_histograms, server_report
 from services.loadtest.stats import STAGES, TurnRecord, stats, turn_figures, word_accuracy
 from services.loadtest.user import SessionRun, UserPlan, Window
 from services.loadtest.workers import Snapshot, split
@@ -234,11 +235,13 @@ def run_of(v2v_s: float, errors: int = 0) -> SessionRun:
     return SessionRun(conversation, turns, send_lag_ms=[1.0, 2.0])
 
 
-def level_of(sessions: int, v2v_s: float, slo_ms: float = 2000.0) -> dict[str, Any]:
+def level_of(sessions: int, v2v_s: float, budget_ms: float = 2000.0) -> dict[str, Any]:
     part = LevelPart()
     for _ in range(sessions):
         part.add_session(run_of(v2v_s))
-    return level_report(part, sessions, 10.0, slo_ms, engine_ms=200.0, server={})
+    level = level_report(part, sessions, 10.0, engine_ms=200.0, server={})
+    judge(level, budget_ms)
+    return level
 
 
 def test_level_report_fills_the_schema() -> None:
@@ -248,25 +251,32 @@ def test_level_report_fills_the_schema() -> None:
     other = LevelPart()
     other.add_session(run_of(1.2))
     part.merge(other)
-    level = level_report(part, 3, 10.0, 2000.0, engine_ms=250.0, server={"gateway": None})
+    level = level_report(part, 3, 10.0, engine_ms=250.0, server={"gateway": None})
     assert level["turns"] == 2 and level["turns_completed"] == 2 and level["turns_per_s"] == 0.2
+    assert (level["lost_turns"], level["refused_sessions"]) == (0, 1)
     assert level["errors"] == {"connect_failed": 1, "tts_unavailable": 1}
     assert level["error_rate"] == pytest.approx(2 / 3, abs=1e-4)
     assert level["stages_ms"]["voice_to_voice"]["count"] == 2
     # (first audio - speech.stopped) - engine time: (4.01 - 3.6) s - 250 ms, (4.21 - 3.6) s - 250 ms
     assert level["samples_ms"]["gateway_added"] == [160.0, 360.0]
     assert level["word_accuracy"] == {"mean": 1.0, "count": 2}
-    assert level["realtime_ok"] is True
+    assert level["audio_kept_up"] is True
     assert level["client"]["send_lag_ms"] == {"p50": 1.0, "p99": 2.0, "max": 2.0}  # 1,1,2,2
     assert set(level["stages_ms"]) == set(STAGES)
+    # a session refused: not within any budget however fast the others were answered
+    assert judge(level, 5000.0) is False
+    assert level["over_budget"] == "1 of 3 sessions could not connect"
 
 
-def test_breaks_at_the_first_level_over_the_slo_and_names_the_grown_stage() -> None:
+def test_a_level_is_judged_by_its_voice_to_voice_p95_and_the_client_stage_that_grew() -> None:
     levels = [level_of(1, 1.0), level_of(2, 1.1), level_of(4, 2.5), level_of(8, 3.0)]
-    assert mark_bottlenecks(levels) == (4, "response")  # only first audio grew here
-    assert [level["bottleneck"] for level in levels] == [None, None, "response", "response"]
-    assert mark_bottlenecks([level_of(1, 3.0)]) == (1, None)  # nothing to compare with
-    assert mark_bottlenecks([level_of(1, 1.0)]) == (None, None)
+    assert [level["within_budget"] for level in levels] == [True, True, False, False]
+    assert levels[2]["over_budget"] == "voice-to-voice p95 2510 ms > budget 2000 ms"  # +10 ms
+    mark_growth(levels)  # no services' metrics here: the client stages tell
+    assert [level["grows"] for level in levels] == [None, "response", "response", "response"]
+    unknown = level_of(1, 1.0)
+    assert judge(unknown, None) is False
+    assert unknown["over_budget"] == "no budget: the one-session level answered no turn"
 
 
 def test_sessions_are_dealt_round_robin_to_workers() -> None:
@@ -288,24 +298,28 @@ def health(cpu_seconds: float, rss: int) -> dict[str, Any]:
     }
 
 
+def hist(total_s: float, count: float) -> Histogram:
+    return Histogram(total_s, count, ((1.0, count), (float("inf"), count)))
+
+
 def test_server_figures_and_engine_time_come_from_two_samples() -> None:
     start = {
-        "asr": Sample(100.0, health(10.0, 1), (5.0, 20.0)),
-        "tts": Sample(100.0, health(0.0, 1), (1.0, 40.0)),
+        "asr": Sample(100.0, health(10.0, 1), {"asr_latency": hist(5.0, 20.0)}),
+        "tts": Sample(100.0, health(0.0, 1), {"tts_first_piece": hist(1.0, 40.0)}),
         "gateway": None,
     }
     end = {
-        "asr": Sample(110.0, health(14.0, 2), (8.0, 30.0)),  # 10 finals took 3 s
-        "tts": Sample(110.0, health(0.5, 2), (1.5, 50.0)),  # 10 first chunks took 0.5 s
+        "asr": Sample(110.0, health(14.0, 2), {"asr_latency": hist(8.0, 30.0)}),  # 10 took 3 s
+        "tts": Sample(110.0, health(0.5, 2), {"tts_first_piece": hist(1.5, 50.0)}),  # 0.5 s
         "gateway": None,
     }
-    assert engine_ms(start, end) == pytest.approx(300.0 + 50.0)
+    assert engine_ms(level_histograms(start), level_histograms(end)) == pytest.approx(350.0)
     report = server_report(start, end)
     assert report["gateway"] is None
     assert report["asr"]["cpu_percent"] == 40.0
     assert report["asr"]["rss_bytes"] == 2 and report["asr"]["gpu_memory_used_bytes"] == 1024
     assert report["asr"]["event_loop_lag_ms"]["p99"] == 3.0
-    assert engine_ms({"asr": None}, {"asr": None}) is None
+    assert engine_ms({}, {}) is None
     assert http_base("wss://example.com:8443/v1/stream?x=1") == "https://example.com:8443"
 
 
@@ -328,11 +342,15 @@ def test_progress_line_is_plain_text_off_a_terminal() -> None:
 
 
 def test_plots_are_written(tmp_path: Path) -> None:
-    result = {
-        "config": {"slo_voice_to_voice_ms": 2000.0},
-        "levels": [level_of(1, 1.0), level_of(3, 1.5)],
-    }
+    levels = [level_of(1, 1.0), level_of(3, 1.5)]
+    levels[1]["breakdown_ms"] = {"hearing": {"mean": 600.0}, "asr_compute": {"mean": 200.0}}
+    result = {"budget": {"ms": 1500.0, "rule": "given"}, "levels": levels}
     paths = write_plots(result, tmp_path / "plots")
+    assert [p.name for p in paths] == [
+        "latency_cdf.png",
+        "latency_vs_sessions.png",
+        "breakdown_vs_sessions.png",
+    ]
     for path in paths:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
 
@@ -344,9 +362,9 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as bad_list:
         main(["--sessions", "1,x"])
     assert bad_list.value.code == 2
-    with pytest.raises(SystemExit) as bad_pause:
-        main(["--pause", "3,1"])
-    assert bad_pause.value.code == 2
+    with pytest.raises(SystemExit) as bad_think:
+        main(["--think-s", "3,1"])
+    assert bad_think.value.code == 2
     assert main(["--url", "http://127.0.0.1:1/v1/stream"]) == 2
     assert "ws:// or wss://" in capsys.readouterr().err
 
@@ -367,6 +385,8 @@ def test_no_server_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 def test_the_subcommand_registers_on_a_cli() -> None:
     parser = argparse.ArgumentParser(prog="voice-agent")
     add_loadtest_command(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["loadtest", "--sessions", "1,5,10", "--pause", "0.5,2"])
-    assert args.sessions == [1, 5, 10] and args.pause == (0.5, 2.0)
+    args = parser.parse_args(["loadtest", "--sessions", "1,5,10", "--think-s", "0.5,2"])
+    assert args.sessions == [1, 5, 10] and args.think_s == (0.5, 2.0)
+    older = parser.parse_args(["loadtest", "--pause", "1,3"])  # the option's former name
+    assert older.think_s == (1.0, 3.0) and older.budget_ms is None
     assert args.func.__name__ == "run" and json.dumps(vars(args), default=str)

@@ -1,9 +1,10 @@
 """`voice-agent plan`'s multi-host view against hand-computed cases.
 
 Fixtures (tests/fixtures/plan/): a fake-engine loadtest (the gateway alone: 25, 50, 100
-sessions, all real time, 10 turns/s at 100), a dual-GPU loadtest (40 sessions held at
-2.0 turns/s), and that GPU machine's engine benchmarks (best ASR 150 utterances/s; best TTS
-24 audio s/s with 40 s over 8 syntheses: 5 s per reply, so 4.8 turns/s).
+sessions, all within the voice-to-voice budget, 10 turns/s at 100), a dual-GPU loadtest
+(40 sessions held at 2.0 turns/s), and that GPU machine's engine benchmarks (best ASR 150
+utterances/s; best TTS 24 audio s/s with 40 s over 8 syntheses: 5 s per reply, so 4.8
+turns/s).
 """
 
 from __future__ import annotations
