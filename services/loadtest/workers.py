@@ -103,9 +103,20 @@ async def _report(live: Live, progress: Progress) -> None:
 _QUEUE: Any = None
 
 
-def _init_worker(progress_queue: Any) -> None:
-    global _QUEUE
-    _QUEUE = progress_queue
+def _init_worker(progress_queue: Any, started: Any) -> None:
+    global _QUEUE, _STARTED
+    _QUEUE, _STARTED = progress_queue, started
+
+
+_STARTED: Any = None
+STARTUP_TIMEOUT_S: Final = 120.0
+"""How long the worker processes may take to start (spawn and import the client)."""
+
+
+def _started() -> None:
+    """Every worker process is up and has imported what it runs: each waits for the others,
+    so no process can take two of these."""
+    _STARTED.wait(STARTUP_TIMEOUT_S)
 
 
 def _worker(job: LevelJob, worker: int) -> LevelPart:
@@ -129,9 +140,14 @@ class Workers:
     def __init__(self, count: int) -> None:
         context = get_context("spawn")
         self.queue = context.Queue()
+        started = context.Barrier(count)
         self.pool = ProcessPoolExecutor(
-            count, mp_context=context, initializer=_init_worker, initargs=(self.queue,)
+            count, mp_context=context, initializer=_init_worker, initargs=(self.queue, started)
         )
+        # start them all now: a level's clock must not run while processes spawn and import
+        # (seconds on a busy machine), or its sessions would begin after its window
+        for future in [self.pool.submit(_started) for _ in range(count)]:
+            future.result(STARTUP_TIMEOUT_S)
 
     def run(self, jobs: list[LevelJob], progress: Progress) -> LevelPart:
         futures = [self.pool.submit(_worker, job, w) for w, job in enumerate(jobs)]
