@@ -38,6 +38,12 @@ RUN /opt/venv/bin/pip uninstall --yes --no-input pip
 # This project, built apart as a small tree laid over the environment: a change to the
 # code rebuilds this stage and one small layer of the image, never the dependencies.
 FROM deps AS app
+RUN --mount=type=secret,id=pip_conf --mount=type=secret,id=pip_env \
+    --mount=type=secret,id=ca_bundle,target=/etc/ssl/certs/ca-certificates.crt \
+    --mount=type=cache,target=/root/.cache/pip \
+    . /usr/local/bin/pip-secrets \
+    && /opt/venv/bin/pip install --no-input --only-binary :all: --require-hashes \
+        -r /tmp/requirements/build.txt
 COPY pyproject.toml README.md /src/
 COPY services/ /src/services/
 RUN site="$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" \
