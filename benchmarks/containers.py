@@ -37,7 +37,7 @@ def cold_start() -> None:
     for image in (containers.image("lite"), containers.BASE, containers.REDIS):
         containers.podman("rmi", "-f", image)
     containers.podman("system", "prune", "--all", "--force", timeout=600)
-    for cache in PIP_CACHE_MOUNTS.glob("buildah-cache-*"):
+    for cache in PIP_CACHE_MOUNTS.glob("buildah-cache*"):
         shutil.rmtree(cache, ignore_errors=True)
 
 
