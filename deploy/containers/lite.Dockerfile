@@ -2,7 +2,7 @@
 # The `lite` image: what `make run` runs, on any CPU. One image for every service, chosen by
 # the command: `voice-agent asr|tts|gateway` (or `up` for all three and a Redis in one
 # container). faster-whisper on Whisper tiny.en, Piper with the en_US-joe-medium voice and
-# Smart Turn v3.2, their weights inside the pinned PyPI wheels (checked by SHA-256 at load).
+# Smart Turn v3.2, their weights from pinned PyPI wheels (checked by SHA-256 at load).
 #
 #   podman build -f deploy/containers/lite.Dockerfile -t voice-agent:0.1.0-lite .
 #   (or: scripts/build_images.sh lite, which passes the host's pip configuration as secrets)
@@ -27,9 +27,7 @@ RUN --mount=type=secret,id=pip_conf --mount=type=secret,id=pip_env \
     --mount=type=cache,target=/root/.cache/pip \
     . /usr/local/bin/pip-secrets \
     && /opt/venv/bin/pip install --no-input --only-binary :all: --require-hashes \
-        -r /tmp/requirements/lite.txt \
-    && /opt/venv/bin/pip install --no-input --only-binary :all: --require-hashes --no-deps \
-        -r /tmp/requirements/smart-turn.txt
+        -r /tmp/requirements/lite.txt
 
 # The environment as shipped: without pip (nothing installs at run time).
 FROM deps AS venv
@@ -53,6 +51,17 @@ RUN site="$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_path(
     && mv /tmp/app/bin/* /out/opt/venv/bin/ && rmdir /tmp/app/bin \
     && mv /tmp/app/* "/out$site/"
 
+# Smart Turn v3.2, extracted from its pinned PyPI wheel by the project's own command (as
+# `make run` does; the wheel's SHA-256 pinned, no dependency installed, the model file and
+# the wheel's licence checked and kept): the gateway reads it from VA_GATEWAY__MODELS_DIR.
+FROM app AS smart-turn
+RUN --mount=type=secret,id=pip_conf --mount=type=secret,id=pip_env \
+    --mount=type=secret,id=ca_bundle,target=/etc/ssl/certs/ca-certificates.crt \
+    . /usr/local/bin/pip-secrets \
+    && site="$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" \
+    && PYTHONPATH="/out$site" /opt/venv/bin/python -m services.ops.cli \
+        models pull smart-turn --dir /models
+
 FROM ${BASE}
 RUN apt-get update \
     && apt-get install -y --no-install-recommends python3 \
@@ -63,11 +72,13 @@ RUN apt-get update \
         --create-home --shell /usr/sbin/nologin voice-agent
 COPY --from=venv /opt/venv /opt/venv
 COPY --from=app /out/ /
+COPY --from=smart-turn /models/ /opt/voice-agent/models/
 ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     HF_HUB_OFFLINE=1 \
     VA_PROFILE=lite \
+    VA_GATEWAY__MODELS_DIR=/opt/voice-agent/models \
     VA_ASR__SERVER__HOST=0.0.0.0 \
     VA_TTS__SERVER__HOST=0.0.0.0 \
     VA_GATEWAY__SERVER__HOST=0.0.0.0

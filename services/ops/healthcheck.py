@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
-from services.ops.registry import SERVICES, load_settings, server_section
+from services.ops.registry import SERVICES, STACK, load_settings, server_section
 
 CMDLINE: Final = Path("/proc/1/cmdline")
 WILDCARD: Final = frozenset({"0.0.0.0", "::", ""})
@@ -85,7 +85,7 @@ def targets(service: str | None, url: str | None, cmdline: Path = CMDLINE) -> li
     else:
         args = []
     if service == "up":
-        return [ready_url(name) for name in SERVICES]
+        return [ready_url(name) for name in STACK]
     if service not in SERVICES:
         raise HealthcheckError(f"unknown service {service!r}: one of {', '.join(SERVICES)}")
     return [ready_url(service, args)]

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 from packaging.requirements import Requirement
 
-from services.gateway.smart_turn import SMART_TURN
 from services.ops.deploy import NginxSite, render_nginx
 from services.ops.models import MODELS
 from tests.compose_runner import interpolate, load
@@ -144,9 +143,8 @@ def test_locks_satisfy_pyproject(lock: str, extras: list[str]) -> None:
             assert req.specifier.contains(version), f"{lock}.txt: {name}=={version} vs {line}"
 
 
-def test_smart_turn_and_chatterbox_pins() -> None:
+def test_chatterbox_pins() -> None:
     requirements = CONTAINERS / "requirements"
-    assert _pins(requirements / "smart-turn.txt") == {"pipecat-ai": {SMART_TURN.version}}
     assert _pins(requirements / "chatterbox-tts.txt") == {"chatterbox-tts": {"0.1.7"}}
     chatterbox = _pins(requirements / "chatterbox.txt")
     assert chatterbox["torch"] == {"2.6.0"}
@@ -192,3 +190,12 @@ def test_dockerignore_lets_in_only_what_the_images_need() -> None:
         copied |= set(re.findall(r"^COPY (?!--from)(\S+)", dockerfile.read_text(), re.M))
     for source in copied:
         assert any(source == a or source.startswith(a) for a in allowed), source
+
+
+def test_the_lite_image_pulls_smart_turn_as_make_run_does() -> None:
+    """The project's own `models pull smart-turn` (the wheel's SHA-256 pinned there), into
+    the folder the gateway is told to read."""
+    text = DOCKERFILES["lite"].read_text()
+    assert "models pull smart-turn --dir /models" in text
+    assert "COPY --from=smart-turn /models/ /opt/voice-agent/models/" in text
+    assert "VA_GATEWAY__MODELS_DIR=/opt/voice-agent/models" in text

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from services.asr.settings import AsrSettings
+from services.duplex.settings import DuplexSettings
 from services.ops.healthcheck import HealthcheckError, add_parser, command_of, run, targets
 from services.tts.settings import TtsSettings
 from tests.servers import ServerThread
@@ -61,8 +62,10 @@ def test_setting_only_the_host_keeps_each_service_s_port(monkeypatch: pytest.Mon
     """The images set VA_ASR__SERVER__HOST=0.0.0.0 alone; the ports must stay 8001 and 8002."""
     monkeypatch.setenv("VA_ASR__SERVER__HOST", "0.0.0.0")
     monkeypatch.setenv("VA_TTS__SERVER__HOST", "0.0.0.0")
+    monkeypatch.setenv("VA_DUPLEX__SERVER__HOST", "0.0.0.0")
     assert AsrSettings().asr.server.port == 8001
     assert TtsSettings().tts.server.port == 8002
+    assert DuplexSettings().duplex.server.port == 8003
 
 
 def _args(*argv: str) -> argparse.Namespace:
