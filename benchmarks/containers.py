@@ -24,7 +24,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from benchmarks import report
+from services.loadtest.report import write
 from services.ops.redis_server import free_port
 from tests import containers
 from tests.compose_runner import Project, load
@@ -120,7 +120,7 @@ def main() -> None:
         "image": image_size(args.compressed),
         "compose_start_to_ready": [start_to_ready() for _ in range(args.runs)],
     }
-    report.write(args.out, {"benchmark": "containers", "results": results})
+    write(args.out, {"benchmark": "containers", "results": results})
     print(json.dumps(results, indent=2))
 
 

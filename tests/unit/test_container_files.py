@@ -199,3 +199,9 @@ def test_the_lite_image_pulls_smart_turn_as_make_run_does() -> None:
     assert "models pull smart-turn --dir /models" in text
     assert "COPY --from=smart-turn /models/ /opt/voice-agent/models/" in text
     assert "VA_GATEWAY__MODELS_DIR=/opt/voice-agent/models" in text
+
+
+def test_the_container_benchmark_imports() -> None:
+    import benchmarks.containers as bench
+
+    assert callable(bench.main)
