@@ -17,6 +17,9 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends python3 python3-venv \
     && apt-get clean && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin
 RUN python3 -m venv /opt/venv
+# Wheels only, except where a package exists only as source (docopt, which num2words
+# needs): it builds with the hash-pinned setuptools and wheel of build.txt, never with
+# tools fetched unpinned. Every file is checked against the lock's SHA-256 either way.
 # The host's pip configuration, when the build needs one (a private index, a proxy's CA),
 # comes in as build secrets mounted for this step only: never in a layer (and this
 # stage is not shipped). scripts/build_images.sh passes them.
@@ -27,6 +30,8 @@ RUN --mount=type=secret,id=pip_conf --mount=type=secret,id=pip_env \
     --mount=type=cache,target=/root/.cache/pip \
     . /usr/local/bin/pip-secrets \
     && /opt/venv/bin/pip install --no-input --only-binary :all: --require-hashes \
+        -r /tmp/requirements/build.txt \
+    && /opt/venv/bin/pip install --no-input --require-hashes --no-build-isolation \
         -r /tmp/requirements/lite.txt
 
 # The environment as shipped: without pip (nothing installs at run time).
@@ -36,12 +41,6 @@ RUN /opt/venv/bin/pip uninstall --yes --no-input pip
 # This project, built apart as a small tree laid over the environment: a change to the
 # code rebuilds this stage and one small layer of the image, never the dependencies.
 FROM deps AS app
-RUN --mount=type=secret,id=pip_conf --mount=type=secret,id=pip_env \
-    --mount=type=secret,id=ca_bundle,target=/etc/ssl/certs/ca-certificates.crt \
-    --mount=type=cache,target=/root/.cache/pip \
-    . /usr/local/bin/pip-secrets \
-    && /opt/venv/bin/pip install --no-input --only-binary :all: --require-hashes \
-        -r /tmp/requirements/build.txt
 COPY pyproject.toml README.md /src/
 COPY services/ /src/services/
 RUN site="$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" \
