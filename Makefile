@@ -7,7 +7,7 @@ VENV_DUPLEX ?= .venv-duplex
 MODELS ?= models
 SMART_TURN := $(MODELS)/smart-turn-v3.2/smart-turn-v3.2-cpu.onnx
 
-.PHONY: run test lint typecheck unit duplex-test system-deps k8s-tools k8s-validate install-lite install-tests install-gpu install-duplex clean
+.PHONY: run test lint typecheck unit duplex-test system-deps k8s-tools k8s-validate images install-lite install-tests install-gpu install-duplex clean
 
 ## make run: create .venv, install the lite profile, start Redis (if none), ASR, TTS, gateway.
 run: install-lite
@@ -65,6 +65,12 @@ k8s-validate: install-tests k8s-tools
 	$(VENV)/k8s-tools/helm template va deploy/kubernetes/voice-agent \
 	    --set redis.existingSecret=redis-url > $(VENV)/k8s-rendered.yaml
 	$(BIN)/kubernetes-validate --strict $(VENV)/k8s-rendered.yaml
+
+## make images: build the lite container image from this checkout (docs/containers.md);
+## VARIANTS="lite gpu chatterbox" for all three.
+VARIANTS ?= lite
+images:
+	bash scripts/build_images.sh $(VARIANTS)
 
 lint:
 	$(BIN)/ruff check services tests benchmarks examples

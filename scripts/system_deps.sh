@@ -11,6 +11,12 @@ command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 # chromium: tests/e2e/test_browser.py drives the page at / in Debian's headless Chromium
 # (Playwright's own browser downloads are never used); skipped without it.
 command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ] || missing+=(chromium)
+# podman (with runc: crun refuses some VMs' hybrid cgroups) and debootstrap:
+# tests/e2e/test_containers.py builds the images from a Debian base made offline and runs
+# compose.yaml and the Helm chart's pods (skipped without podman).
+command -v podman >/dev/null 2>&1 || missing+=(podman)
+command -v runc >/dev/null 2>&1 || [ -x /usr/sbin/runc ] || missing+=(runc)
+command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || missing+=(debootstrap)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if ! command -v apt-get >/dev/null 2>&1; then
   echo "system_deps: no apt-get; please install: ${missing[*]} (continuing)" >&2

@@ -64,6 +64,15 @@ class FakeAsrSettings(BaseModel):
     """Time one batched call takes, whatever its size (0: instant)."""
 
 
+class AsrServerSettings(ServerSettings):
+    """Where the ASR service listens: port 8001 unless set. (Its own class, not a
+    `ServerSettings(port=8001)` default, so that setting only `VA_ASR__SERVER__HOST` keeps
+    the port: settings from the environment build the section anew from its class.)"""
+
+    port: int = Field(default=8001, ge=1, le=65535)
+    """TCP port."""
+
+
 class AsrSection(EngineSection):
     """The ASR service proper."""
 
@@ -73,7 +82,7 @@ class AsrSection(EngineSection):
     """faster-whisper settings."""
     fake: FakeAsrSettings = FakeAsrSettings()
     """Settings of the `fake` engine (no model: a fixed transcript)."""
-    server: ServerSettings = ServerSettings(port=8001)
+    server: AsrServerSettings = AsrServerSettings()
     """Where the service listens."""
     max_batch: int = Field(default=16, ge=1, le=256)
     """Most utterances in one model call."""

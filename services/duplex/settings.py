@@ -70,6 +70,14 @@ class FakeDuplexSettings(BaseModel):
     """Time one batched step takes, whatever the batch (0: instant)."""
 
 
+class DuplexServerSettings(ServerSettings):
+    """Where the duplex service listens: port 8003 unless set (its own class, so that setting
+    only `VA_DUPLEX__SERVER__HOST` keeps the port, as for the ASR and TTS)."""
+
+    port: int = Field(default=8003, ge=1, le=65535)
+    """TCP port."""
+
+
 class DuplexSection(EngineSection):
     """The duplex service proper."""
 
@@ -82,7 +90,7 @@ class DuplexSection(EngineSection):
     """The `moshi-random` engine."""
     fake: FakeDuplexSettings = FakeDuplexSettings()
     """The `fake` engine."""
-    server: ServerSettings = ServerSettings(port=8003)
+    server: DuplexServerSettings = DuplexServerSettings()
     """Where the service listens."""
     max_sessions: int = Field(default=5, ge=1, le=256)
     """Sessions served at once: the batch the model steps every 80 ms frame. One more is

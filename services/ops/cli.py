@@ -10,6 +10,7 @@ voice-agent models pull NAME [--dir] download model weights (models list: the na
 voice-agent loadtest --sessions 1,5,10 simulated users against /v1/stream; JSON + plots
 voice-agent plan [FILES]             a capacity plan from measurement files
 voice-agent drain [--url]            drain a local gateway (the Kubernetes preStop hook)
+voice-agent healthcheck              the container's service answers /ready (HEALTHCHECK)
 
 Every module this imports needs only the default install; a sub-command that needs an
 optional extra checks for it when it runs and exits 2 naming the `pip install` to run.
@@ -35,6 +36,8 @@ from services.common.auth.credentials import is_loopback
 from services.common.platform.extras import MissingExtra
 from services.loadtest.cli import add_loadtest_command
 from services.ops.doctor import add_parser as add_doctor_command
+from services.ops.healthcheck import add_parser as add_healthcheck_arguments
+from services.ops.healthcheck import run as healthcheck_run
 from services.ops.keys import add_keys_command
 from services.ops.models import add_models_command
 from services.ops.redis_server import reachable, start_redis
@@ -193,6 +196,11 @@ def drain(args: argparse.Namespace) -> None:
         raise SystemExit(1)
 
 
+def healthcheck(args: argparse.Namespace) -> None:
+    """Exit 0 when the service this container runs answers /ready (docs/containers.md)."""
+    raise SystemExit(healthcheck_run(args))
+
+
 def parser() -> argparse.ArgumentParser:
     """The whole command line."""
     top = argparse.ArgumentParser(prog="voice-agent", description=__doc__.split("\n")[0])
@@ -220,6 +228,10 @@ def parser() -> argparse.ArgumentParser:
     p_drain.add_argument("--grace", type=float, default=30.0, help="seconds sessions get to end")
     p_drain.add_argument("--wait", type=float, default=10.0, help="seconds to wait after 1012")
     p_drain.set_defaults(func=drain)
+    p_health = sub.add_parser(
+        "healthcheck", help="exit 0 when the service this container runs answers /ready"
+    )
+    add_healthcheck_arguments(p_health).set_defaults(func=healthcheck)
     add_keys_command(sub)
     add_doctor_command(sub)
     add_models_command(sub)

@@ -159,6 +159,15 @@ class VoiceLibrarySettings(BaseModel):
         return self
 
 
+class TtsServerSettings(ServerSettings):
+    """Where the TTS service listens: port 8002 unless set. (Its own class, not a
+    `ServerSettings(port=8002)` default, so that setting only `VA_TTS__SERVER__HOST` keeps
+    the port: settings from the environment build the section anew from its class.)"""
+
+    port: int = Field(default=8002, ge=1, le=65535)
+    """TCP port."""
+
+
 class TtsSection(EngineSection):
     """The TTS service proper."""
 
@@ -174,7 +183,7 @@ class TtsSection(EngineSection):
     """Settings of the `fake` engine (no model: a tone)."""
     voices: VoiceLibrarySettings = VoiceLibrarySettings()
     """The voice library."""
-    server: ServerSettings = ServerSettings(port=8002)
+    server: TtsServerSettings = TtsServerSettings()
     """Where the service listens."""
     max_concurrent: int = Field(default=2, ge=1, le=256)
     """Syntheses running at once in this process."""

@@ -45,6 +45,7 @@ VALUE_SETS = {
         "ingress.enabled=false",
         "gateway.pdb.enabled=false",
     ],
+    "lite profile (CPU)": ["redis.existingSecret=redis-url", "profile=lite"],
     "gateway only, existing claim": [
         "redis.existingSecret=redis-url",
         "asr.enabled=false",
@@ -239,3 +240,37 @@ def test_the_gateway_gauge_the_hpa_reads_exists() -> None:
     from services.gateway import metrics
 
     assert metrics.SESSIONS._name == "va_gateway_sessions_active"
+
+
+def test_default_images_are_the_ones_scripts_build_images_builds() -> None:
+    """<repository>:<appVersion>-<variant> (docs/containers.md): lite for the gateway, gpu
+    for the ASR and chatterbox for the TTS on dual-gpu, lite for all three on lite."""
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    repo = "ghcr.io/voice-agent/voice-agent"
+    for profile, variants in (
+        ("dual-gpu", {"gateway": "lite", "asr": "gpu", "tts": "chatterbox"}),
+        ("lite", {"gateway": "lite", "asr": "lite", "tts": "lite"}),
+    ):
+        docs = render("redis.existingSecret=r", f"profile={profile}")
+        for name, variant in variants.items():
+            deployment = find(docs, "Deployment", f"va-voice-agent-{name}")
+            for container in containers(deployment):
+                assert container["image"] == f"{repo}:{version}-{variant}", (profile, name)
+    own = render("redis.existingSecret=r", "image.repository=reg.example/va", "tts.image.tag=x")
+    assert next(containers(find(own, "Deployment", "va-voice-agent-tts")))["image"] == (
+        "reg.example/va:x"
+    )
+
+
+def test_lite_profile_runs_the_engines_on_the_cpu() -> None:
+    docs = render("redis.existingSecret=r", "profile=lite")
+    assert not [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
+    for name in ("asr", "tts"):
+        spec = find(docs, "Deployment", f"va-voice-agent-{name}")["spec"]["template"]["spec"]
+        assert "initContainers" not in spec and "volumes" not in spec
+        assert "nodeSelector" not in spec and "tolerations" not in spec
+        (container,) = spec["containers"]
+        resources = container["resources"]
+        assert "nvidia.com/gpu" not in {**resources["requests"], **resources.get("limits", {})}
+        env = env_of(container)
+        assert env["VA_PROFILE"] == "lite" and not [k for k in env if "__GPU" in k]

@@ -1,6 +1,7 @@
 {{/*
-An engine (ASR or TTS): a Deployment on one GPU, its models from the PVC (filled by an init
-container running `voice-agent models pull`), and a Service.
+An engine (ASR or TTS): a Deployment and a Service. On the dual-gpu profile it runs on one
+GPU, its models from the PVC (filled by an init container running `voice-agent models
+pull`); on lite (and fake) it runs on the CPU with the weights its image carries.
 (dict "ctx" $ "name" "asr" "v" .Values.asr "engineEnv" (list ...))
 */}}
 {{- define "va.engine" -}}
@@ -10,6 +11,7 @@ container running `voice-agent models pull`), and a Service.
 {{- $upper := upper $name -}}
 {{- $sel := dict "ctx" $ "component" $name -}}
 {{- $models := $.Values.models -}}
+{{- $gpu := include "va.gpu" $ -}}
 apiVersion: apps/v1
 kind: Deployment
 metadata:
@@ -41,10 +43,10 @@ spec:
       securityContext: {{- toYaml $.Values.podSecurityContext | nindent 8 }}
       # Open streams get D, then each job lane D (as the systemd units): 3 D + 15 s.
       terminationGracePeriodSeconds: {{ add (mul 3 $v.shutdownTimeoutS) 15 }}
-      {{- if $models.pull }}
+      {{- if and $gpu $models.pull }}
       initContainers:
         - name: models-pull
-          image: {{ include "va.image" (dict "ctx" $ "own" $v.image) }}
+          image: {{ include "va.image" (dict "ctx" $ "own" $v.image "component" $name) }}
           imagePullPolicy: {{ include "va.pullPolicy" (dict "ctx" $ "own" $v.image) }}
           # A no-op when the files are on the volume already.
           command: ["voice-agent", "models", "pull", {{ $v.pullName | quote }}, "--dir", {{ $models.mountPath | quote }}]
@@ -59,7 +61,7 @@ spec:
       {{- end }}
       containers:
         - name: {{ $name }}
-          image: {{ include "va.image" (dict "ctx" $ "own" $v.image) }}
+          image: {{ include "va.image" (dict "ctx" $ "own" $v.image "component" $name) }}
           imagePullPolicy: {{ include "va.pullPolicy" (dict "ctx" $ "own" $v.image) }}
           command: ["voice-agent", {{ $name | quote }}]
           securityContext: {{- toYaml $.Values.securityContext | nindent 12 }}
@@ -73,7 +75,9 @@ spec:
               value: {{ $v.port | quote }}
             - name: VA_{{ $upper }}__SERVER__DRAIN_TIMEOUT_S
               value: {{ $v.shutdownTimeoutS | quote }}
+            {{- if $gpu }}
             {{- toYaml .engineEnv | nindent 12 }}
+            {{- end }}
           startupProbe:
             httpGet: {path: /health, port: http}
             periodSeconds: {{ $v.startupProbe.periodSeconds }}
@@ -91,14 +95,21 @@ spec:
           resources:
             requests:
               {{- toYaml $v.resources.requests | nindent 14 }}
+              {{- if $gpu }}
               {{ $.Values.gpu.resourceName }}: 1
+              {{- end }}
             limits:
               {{- with $v.resources.limits }}
               {{- toYaml . | nindent 14 }}
               {{- end }}
+              {{- if $gpu }}
               {{ $.Values.gpu.resourceName }}: 1
+              {{- end }}
+          {{- if $gpu }}
           volumeMounts:
             - {name: models, mountPath: {{ $models.mountPath }}}
+          {{- end }}
+      {{- if $gpu }}
       volumes:
         - name: models
           {{- if $models.persistence.enabled }}
@@ -111,6 +122,14 @@ spec:
         {{- toYaml (merge (deepCopy ($v.nodeSelector | default dict)) $.Values.gpu.nodeSelector) | nindent 8 }}
       tolerations:
         {{- toYaml (concat $.Values.gpu.tolerations ($v.tolerations | default list)) | nindent 8 }}
+      {{- else }}
+      {{- with $v.nodeSelector }}
+      nodeSelector: {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $v.tolerations }}
+      tolerations: {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- end }}
       {{- with $v.affinity }}
       affinity: {{- toYaml . | nindent 8 }}
       {{- end }}

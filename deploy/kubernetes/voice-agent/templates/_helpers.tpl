@@ -23,11 +23,24 @@ app.kubernetes.io/instance: {{ .ctx.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
-{{/* The image of one component: its own overrides, else the chart's. */}}
+{{/* Whether the engines run on GPUs (the dual-gpu profile), or on the CPU (lite, fake). */}}
+{{- define "va.gpu" -}}
+{{- if eq .Values.profile "dual-gpu" -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+The image of one component: (dict "ctx" $ "own" .Values.asr.image "component" "asr").
+Its own repository/tag, else the chart's; the tag defaults to <appVersion>-<variant>, the
+images scripts/build_images.sh builds (docs/containers.md): `lite` for the gateway and for
+CPU engines, `gpu` for the ASR and `chatterbox` for the TTS on the dual-gpu profile.
+*/}}
 {{- define "va.image" -}}
 {{- $own := .own | default dict -}}
+{{- $variant := "lite" -}}
+{{- if and (include "va.gpu" .ctx) (eq .component "asr") -}}{{- $variant = "gpu" -}}{{- end -}}
+{{- if and (include "va.gpu" .ctx) (eq .component "tts") -}}{{- $variant = "chatterbox" -}}{{- end -}}
 {{- $repo := $own.repository | default .ctx.Values.image.repository -}}
-{{- $tag := $own.tag | default .ctx.Values.image.tag | default .ctx.Chart.AppVersion -}}
+{{- $tag := $own.tag | default .ctx.Values.image.tag | default (printf "%s-%s" .ctx.Chart.AppVersion $variant) -}}
 {{- printf "%s:%s" $repo $tag -}}
 {{- end -}}
 
