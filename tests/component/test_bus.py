@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from services.common.bus.connection import connect
 from services.common.bus.keys import Keys
@@ -160,3 +161,42 @@ async def test_worker_survives_a_redis_restart(tmp_path: Path) -> None:
         proc.wait(10)
         await redis.aclose()
         await producer.redis.aclose()
+
+
+class _Refusing(JobStream):
+    """A job stream whose Redis refuses the first reads (still loading, or NOAUTH)."""
+
+    refusals: list[str]
+
+    async def read(self, count: int, block_ms: int | None = None) -> list[Delivery]:
+        if self.refusals:
+            raise ResponseError(self.refusals.pop(0))
+        return await super().read(count, block_ms)
+
+
+async def test_a_refusing_redis_never_stops_the_worker(bus: tuple[RedisSettings, Keys]) -> None:
+    """Any refusal from Redis is retried: the consumer must not die while /ready says 200."""
+    settings, keys = bus
+    redis = connect(settings)
+    stream, replies = keys.jobs("asr"), f"{settings.prefix}:refused-replies"
+
+    async def answer(delivery: Delivery) -> None:
+        await publish(redis, settings, replies, {b"meta": delivery.fields[b"meta"]})
+
+    refusing = _Refusing(redis, settings, stream, "asr", "a")
+    refusing.refusals = [
+        "LOADING Redis is loading the dataset in memory",
+        "NOAUTH Authentication required.",
+    ]
+    worker = JobWorker(refusing, keys, answer, 4)
+    task = asyncio.create_task(worker.run())
+    try:
+        await JobStream(redis, settings, stream, "asr", "producer").submit(job("later"))
+        async with asyncio.timeout(30):
+            while not await redis.xlen(replies):
+                await asyncio.sleep(0.05)
+        assert refusing.refusals == [] and not task.done()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await redis.aclose()

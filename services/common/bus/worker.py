@@ -61,11 +61,16 @@ class JobWorker:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
             except ResponseError as exc:
-                # a promoted replica that never saw the group (lost with the old master),
-                # or a node refusing while a Cluster failover settles: start over
-                if "NOGROUP" not in str(exc) and "CLUSTERDOWN" not in str(exc):
-                    raise
-                log.warning("%s on %s: recreating the group", exc, self.jobs.stream)
+                # a promoted replica that never saw the group (lost with the old master), a
+                # node refusing while a Cluster failover settles, a Redis still loading its
+                # data, or one refusing us (NOAUTH, protected mode: an operator must act):
+                # never a reason for the consumer to stop for good while the service says
+                # it is ready. Start over after a backoff.
+                if "NOGROUP" in str(exc) or "CLUSTERDOWN" in str(exc):
+                    log.warning("%s on %s: recreating the group", exc, self.jobs.stream)
+                else:
+                    log.error("redis refused %s: %s (retrying)", self.jobs.stream, exc)
+                self.connected = False
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
 
