@@ -1,0 +1,207 @@
+"""Answering sooner, configuration by configuration: where every millisecond goes from the
+end of the speech to the first agent audio byte, and what a turn costs in CPU.
+
+    python -m benchmarks.answer_sooner --out benchmarks/results/answer_sooner_lite.json
+
+For each configuration, starts the default `make run` stack (Redis, ASR tiny.en, TTS Piper,
+the gateway with Smart Turn) as separate processes with the configuration's environment,
+and, for the `openai` agent, an OpenAI-compatible server of known cost
+(benchmarks/llm_server.py: its time to first token and token rate are settings, its reply
+repeats the user's words as the echo agent does). Then speaks requests in voices the
+tests do not use, one turn at a time, at real-time pace, and records per turn, from the
+end of the speech (the last voiced sample, as `StreamClient` measures it): the end-of-turn
+decision (`speech.stopped`), the final transcript, `response.created`, the agent's first
+text, and the first agent audio byte (voice-to-voice); and per configuration the CPU
+seconds each service spent per turn (`/health`, kernel-counted per process).
+
+Configurations: the 600 ms silence rule and smart-turn, with the reply prepared during
+the pause off and on, with the echo agent and with the `openai` agent at a time to first
+token of 0, 300 and 600 ms (50 tokens/s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks.stack import lite_stack
+from benchmarks.voices import RATE, Voice, espeak, piper
+from services.client.stream import StreamClient
+from services.common.stats import summary
+from services.loadtest.report import write
+from services.ops.redis_server import free_port
+
+REQUESTS = (
+    "please call stella and ask her to bring these things with her",
+    "what is the weather going to be like in paris tomorrow morning",
+    "can you tell me how long it takes to drive to the airport",
+    "remind me to buy milk and bread on my way home tonight",
+    "how many people live in the largest city of australia",
+    "turn off the lights in the kitchen and lock the front door",
+)
+VOICES: dict[str, Voice] = {
+    "espeak en-us 150 wpm": espeak("en-us", 150),
+    "piper joe 1.1": piper(1.1),
+}
+STAGES = ("decided", "transcript", "created", "first_text", "voice_to_voice")
+SERVICES = ("asr", "tts", "gateway")
+SILENCE = {"VA_GATEWAY__END_OF_TURN": "silence"}
+UNPREPARED = {"VA_GATEWAY__PREPARE_REPLIES": "false"}
+
+
+def configurations() -> dict[str, tuple[dict[str, str], float | None]]:
+    """name → (gateway environment, the LLM's time to first token in ms or None: echo)."""
+    configs: dict[str, tuple[dict[str, str], float | None]] = {
+        "silence 600 ms, echo": ({**SILENCE, **UNPREPARED}, None),
+        "silence 600 ms, echo, prepared": (SILENCE, None),
+        "smart-turn, echo": (UNPREPARED, None),
+        "smart-turn, echo, prepared (default)": ({}, None),
+    }
+    for ttft in (0, 300, 600):
+        configs[f"smart-turn, openai TTFT {ttft} ms"] = (UNPREPARED, float(ttft))
+        configs[f"smart-turn, openai TTFT {ttft} ms, prepared"] = ({}, float(ttft))
+    return configs
+
+
+@contextlib.contextmanager
+def llm_server(ttft_ms: float | None) -> Iterator[dict[str, str]]:
+    """The LLM of known cost as a process of its own; the gateway environment that uses it."""
+    if ttft_ms is None:
+        yield {}
+        return
+    port = free_port()
+    command = [sys.executable, "-m", "benchmarks.llm_server", "--port", str(port)]
+    command += ["--ttft-ms", str(ttft_ms), "--tokens-per-s", "50", "--reply", "{user}"]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _until_listed(f"http://127.0.0.1:{port}/v1/models", proc)
+        yield {"VA_LLM__BASE_URL": f"http://127.0.0.1:{port}/v1"}  # the default agent: openai
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _until_listed(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"llm_server exited with {proc.returncode}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise SystemExit(f"llm_server did not answer {url} in {timeout_s:.0f} s")
+
+
+async def speak_turns(url: str, turns: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    rows = []
+    async with StreamClient(url) as client:
+        for voice, sentence in turns:
+            turn = client.new_turn()
+            await client.speak(VOICES[voice](sentence), RATE)
+            await client.silence_until("response.done", timeout_s=30)
+            end = turn.last_speech_sent_at or 0.0
+
+            def since(kind: str, end: float = end, turn: Any = turn) -> float | None:
+                at = turn.time_of(kind)
+                return None if at is None else round((at - end) * 1000, 1)
+
+            rows.append(
+                {
+                    "voice": voice,
+                    "sentence": sentence,
+                    "transcript": next(iter(turn.of_type("transcript.final")), {}).get("text"),
+                    "decided": since("speech.stopped"),
+                    "transcript_ms": since("transcript.final"),
+                    "created": since("response.created"),
+                    "first_text": since("response.text.delta"),
+                    "voice_to_voice": round(turn.voice_to_voice_ms or -1.0, 1),
+                }
+            )
+    return rows
+
+
+def cpu_seconds(urls: dict[str, str]) -> dict[str, float]:
+    return {
+        name: float(httpx.get(f"{urls[name]}/health", timeout=10).json()["process"]["cpu_seconds"])
+        for name in SERVICES
+    }
+
+
+def measure(env: dict[str, str], ttft_ms: float | None, per_voice: int) -> dict[str, Any]:
+    turns = [(v, REQUESTS[i % len(REQUESTS)]) for v in VOICES for i in range(per_voice)]
+    with llm_server(ttft_ms) as llm_env, lite_stack({**env, **llm_env}) as urls:
+        url = urls["gateway"].replace("http", "ws") + "/v1/stream"
+        asyncio.run(speak_turns(url, turns[:1]))  # warm-up: first calls pay for allocations
+        before = cpu_seconds(urls)
+        rows = asyncio.run(speak_turns(url, turns))
+        after = cpu_seconds(urls)
+        prepared = _prepared(httpx.get(f"{urls['gateway']}/metrics", timeout=10).text)
+    cpu = {name: round((after[name] - before[name]) / len(rows), 3) for name in SERVICES}
+    stages = {
+        "decided": [r["decided"] for r in rows],
+        "transcript": [r["transcript_ms"] for r in rows],
+        "created": [r["created"] for r in rows],
+        "first_text": [r["first_text"] for r in rows],
+        "voice_to_voice": [r["voice_to_voice"] for r in rows],
+    }
+    return {
+        "env": {**env, **({"llm_ttft_ms": str(ttft_ms)} if ttft_ms is not None else {})},
+        "turns": len(rows),
+        "stages_ms": {
+            k: summary([float(x) for x in v if x is not None]) for k, v in stages.items()
+        },
+        "cpu_seconds_per_turn": {**cpu, "total": round(sum(cpu.values()), 3)},
+        "prepared_replies": prepared,
+        "rows": rows,
+    }
+
+
+def _prepared(metrics: str) -> dict[str, float]:
+    found = {}
+    for line in metrics.splitlines():
+        if line.startswith("va_gateway_prepared_replies_total{"):
+            outcome = line.split('outcome="')[1].split('"')[0]
+            found[outcome] = float(line.split()[-1])
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--per-voice", type=int, default=6, help="turns per voice")
+    parser.add_argument("--config", action="append", help="only these configurations")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    results: dict[str, Any] = {}
+    for name, (env, ttft) in configurations().items():
+        if args.config and name not in args.config:
+            continue
+        results[name] = measure(env, ttft, args.per_voice)
+        brief = {k: v for k, v in results[name].items() if k != "rows"}
+        print(name, json.dumps(brief), flush=True)
+    if args.out:
+        write(
+            args.out,
+            {
+                "benchmark": "answer_sooner",
+                "profile": "lite (tiny.en int8, Piper joe, Silero VAD, Smart Turn v3.2)",
+                "voices": list(VOICES),
+                "load_average": os.getloadavg()[0],
+                "configurations": results,
+            },
+        )
+
+
+if __name__ == "__main__":
+    main()
