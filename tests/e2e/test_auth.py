@@ -263,6 +263,25 @@ async def test_a_client_token_by_subprotocol_or_query_and_its_settings(stack: Au
         assert ready["type"] == "ready"
 
 
+async def test_a_client_token_chooses_the_agent_of_a_realtime_session(stack: AuthStack) -> None:
+    """What docs/realtime.md tells Realtime clients to do: their own session.update cannot
+    name an agent, a client token can. Here it names `openai`, whose LLM is not running:
+    the turn fails with `agent_failed` where the default `echo` would have answered."""
+    async with httpx.AsyncClient(timeout=10) as http:
+        url = f"{stack.gateway.http}/v1/sessions"
+        asked = {"session": {"agent": "openai"}}
+        token = (await http.post(url, json=asked, headers=bearer(stack.key))).json()["token"]
+    realtime = f"{stack.gateway.ws}/v1/realtime"
+    async with connect(realtime, additional_headers=bearer(token), open_timeout=10) as ws:
+        content = [{"type": "input_text", "text": "hello"}]
+        item = {"type": "message", "role": "user", "content": content}
+        await ws.send(json.dumps({"type": "conversation.item.create", "item": item}))
+        await ws.send(json.dumps({"type": "response.create"}))
+        while (event := json.loads(await asyncio.wait_for(ws.recv(), 20)))["type"] != "error":
+            assert event["type"] != "response.output_audio.delta", "the echo agent answered"
+        assert event["error"]["code"] == "agent_failed"
+
+
 async def test_the_origin_allow_list(stack: AuthStack) -> None:
     url = stack.url("/v1/stream")
     key = bearer(stack.key)
