@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import tempfile
 import time
 from collections.abc import Callable, Coroutine
@@ -95,6 +96,7 @@ def _scenarios(sessions: int) -> dict[str, Scenario]:
 _SCORE = frozenset(
     {"sessions", "turns_completed", "turns_lost", "turns_cut_mid_speech", "turns_duplicated"}
     | {"lost_detail", "closes_by_code", "recovery_s", "scenario_s", "recovered", "warmup_turns"}
+    | {"load_average_1min_at_start"}
 )
 
 
@@ -119,11 +121,13 @@ async def run(profile: str, sessions: int, names: list[str], workdir: Path) -> d
     results: dict[str, Any] = {}
     for name in names:
         started = time.monotonic()
+        load_at_start = round(os.getloadavg()[0], 2)  # the machine is shared: say how busy
         try:
             result = await scenarios[name](drill)
         except Exception as exc:  # one scenario's failure must not hide the others'
             result = {"error": f"{type(exc).__name__}: {exc}"[:500]}
         result["scenario_s"] = round(time.monotonic() - started, 1)
+        result["load_average_1min_at_start"] = load_at_start
         results[name] = result
         print(_line(name, result), flush=True)
     return {

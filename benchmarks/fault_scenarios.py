@@ -117,20 +117,24 @@ async def sigterm_gateway(stack: ProcessStack, _: SpokenLoad) -> dict[str, Any]:
 async def redis_frozen(stack: ProcessStack, _: SpokenLoad) -> dict[str, Any]:
     """SIGSTOP Redis for 10 s, asking every service's /health twice a second meanwhile."""
     health: Counter[str] = Counter()
+    slowest: dict[str, float] = {}
     stack.signal_redis(signal.SIGSTOP)
     try:
         deadline = time.monotonic() + 10.0
-        async with httpx.AsyncClient(timeout=2.0) as http:
+        async with httpx.AsyncClient(timeout=5.0) as http:
             while time.monotonic() < deadline:
                 for name, url in stack.urls.items():
+                    asked = time.monotonic()
                     try:
                         health[f"{name} {(await http.get(f'{url}/health')).status_code}"] += 1
                     except httpx.HTTPError as exc:
                         health[f"{name} {type(exc).__name__}"] += 1
+                    took = round((time.monotonic() - asked) * 1000)
+                    slowest[name] = max(slowest.get(name, 0), took)
                 await asyncio.sleep(0.5)
     finally:
         stack.signal_redis(signal.SIGCONT)
-    return {"health_while_frozen": dict(sorted(health.items()))}
+    return {"health_while_frozen": dict(sorted(health.items())), "health_slowest_ms": slowest}
 
 
 async def redis_restarted_empty(stack: ProcessStack, _: SpokenLoad) -> dict[str, Any]:
@@ -207,34 +211,36 @@ def junk_messages(count: int, seed: int) -> list[str | bytes]:
 
 
 async def _junk_one(url: str, messages: list[str | bytes], closes: Counter[str]) -> int:
-    """Send every message, reconnecting when the server closes; the errors it answered.
-    Closes are counted by code and by what was sent last (a frame over the cap, or not)."""
+    """Send every message; after a frame over the cap, wait for the server to close the
+    connection and go on on a new one. The error events the server answered."""
     errors, sent = 0, 0
+    endpoint = "/" + url.split("/", 3)[-1]
     while sent < len(messages):
-        oversized = False  # sent one on this connection (the server closes it: 1009)
-        try:
-            async with websockets.connect(url, open_timeout=10, max_size=None) as ws:
+        async with websockets.connect(url, open_timeout=10, max_size=None) as ws:
 
-                async def read(ws: Any = ws) -> None:
-                    nonlocal errors
-                    with contextlib.suppress(websockets.ConnectionClosed):
-                        async for message in ws:
-                            errors += isinstance(message, str) and '"error"' in message
+            async def read(ws: Any = ws) -> None:
+                nonlocal errors
+                with contextlib.suppress(websockets.ConnectionClosed):
+                    async for message in ws:
+                        errors += isinstance(message, str) and '"error"' in message
 
-                reader = asyncio.create_task(read())
-                try:
-                    while sent < len(messages):
-                        oversized |= len(messages[sent]) > 1 << 20
-                        await ws.send(messages[sent])
-                        sent += 1
+            reader = asyncio.create_task(read())
+            try:
+                while sent < len(messages):
+                    message = messages[sent]
+                    sent += 1
+                    await ws.send(message)
+                    if len(message) > 1 << 20:
+                        await asyncio.wait_for(reader, 10)  # the server closes: 1009
+                        break
+                else:
                     await asyncio.sleep(0.5)  # the answers to the last ones
-                finally:
-                    await ws.close()
-                    await reader
-        except websockets.ConnectionClosed as closed:
-            code = closed.rcvd.code if closed.rcvd else 1006
-            closes[f"{code} after {'an oversized frame' if oversized else 'junk'}"] += 1
-            sent += 1  # the message that was being sent is the one the server refused
+            except websockets.ConnectionClosed:
+                pass  # a close while sending: counted below
+            await ws.close()
+            await reader
+            if ws.close_code not in (None, 1000):
+                closes[f"{endpoint} {ws.close_code}"] += 1
     return errors
 
 
