@@ -54,8 +54,8 @@ from benchmarks.fault_scenarios import (
     tenant_resume_after_gateway_kill,
     under_load,
 )
-from benchmarks.report import versions, write
 from services.loadtest.corpus import espeak_corpus
+from services.loadtest.report import versions, write
 
 Scenario = Callable[[Drill], Coroutine[Any, Any, dict[str, Any]]]
 

@@ -22,7 +22,7 @@ from typing import Any
 import websockets
 
 from services.client.stream import StreamClient
-from services.common.audio import AudioF32
+from services.common.audio.pcm import AudioF32
 
 TURN_TIMEOUT_S = 30.0
 RECONNECT_S = 0.5

@@ -28,10 +28,10 @@ from websockets.exceptions import InvalidStatus
 from benchmarks.fault_load import SpokenLoad, score, stop_load
 from benchmarks.stack import ProcessStack
 from services.client.stream import StreamClient
-from services.common.audio import AudioF32
-from services.common.bus import connect
-from services.common.keys import KeyStore
-from services.common.settings import RedisSettings
+from services.common.audio.pcm import AudioF32
+from services.common.auth.api_keys import KeyStore
+from services.common.bus.connection import connect
+from services.common.bus.settings import RedisSettings
 from tests.processes import ServiceProcess
 
 Fault = Callable[[ProcessStack, SpokenLoad], Awaitable[dict[str, Any]]]

@@ -16,9 +16,9 @@ from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.routing import Mount
 
-from services.common.auth import credential
+from services.common.auth.credentials import credential
+from services.common.auth.guard import principal_of
 from services.common.errors import TtsUnavailable
-from services.common.guard import principal_of
 from services.gateway.settings import GatewaySection
 
 STATIC_DIR = Path(__file__).parent / "static"

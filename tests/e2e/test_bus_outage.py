@@ -10,7 +10,7 @@ from pathlib import Path
 
 import websockets
 
-from services.common.settings import RedisSettings
+from services.common.bus.settings import RedisSettings
 from services.gateway.app import create_app
 from services.gateway.settings import GatewaySection, GatewaySettings
 from services.ops.redis_server import free_port, start_redis

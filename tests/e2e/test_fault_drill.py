@@ -24,11 +24,6 @@ async def test_capacity_plus_one_is_refused_and_the_others_lose_nothing(tmp_path
     assert plus_one["closes_by_code"] == {}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 22 defect 1: the session's tenant is lost on save (acme's resume after a "
-    "gateway crash is refused 403, a `default` key resumes it); remove this mark with the fix",
-)
 async def test_a_tenants_session_resumes_after_a_gateway_crash(tmp_path: Path) -> None:
     result = await run("fake", 1, ["tenant_resume_after_kill9"], tmp_path)
     outcome = result["scenarios"]["tenant_resume_after_kill9"]

@@ -27,8 +27,9 @@ import websockets
 from services.asr.app import create_app as asr_app
 from services.asr.settings import AsrSection, AsrSettings, FakeAsrSettings
 from services.client.stream import Received, StreamClient
-from services.common.bus import connect
-from services.common.settings import RedisSettings
+from services.common.bus.connection import connect
+from services.common.bus.settings import RedisSettings
+from services.common.tenancy import DEFAULT_TENANT
 from services.gateway.store import SessionStore
 from services.tts.app import create_app as tts_app
 from services.tts.settings import FakeTtsSettings, TtsSection, TtsSettings
@@ -173,7 +174,7 @@ async def stored_histories(
     client = connect(redis)
     try:
         store = SessionStore(client, redis.prefix, 60, redis)
-        found = [await store.load(session_id) for session_id in session_ids]
+        found = [await store.load(session_id, DEFAULT_TENANT) for session_id in session_ids]
     finally:
         await client.aclose()
     return [[(t.role, t.text) for t in s[1]] if s else [] for s in found]

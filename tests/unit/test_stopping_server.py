@@ -8,7 +8,7 @@ import asyncio
 import pytest
 import uvicorn
 
-from services.common.serve import StoppingServer
+from services.common.service.server import StoppingServer
 
 
 async def _app(scope: object, receive: object, send: object) -> None:
