@@ -311,7 +311,7 @@ def create_app(
     app.include_router(static_router(section))
 
     app.state.sessions = sessions
-    # what SIGTERM runs before uvicorn's own shutdown (server.py, services/common/serve.py)
+    # SIGTERM runs it before uvicorn's own shutdown (services/common/service/server.py)
     app.state.drain_on_stop = lambda: drainer.drain(section.server.drain_timeout_s, CLOSE_WAIT_S)
     app.state.gateway_id = gateway_id
     return app
