@@ -63,12 +63,12 @@ def turn_in_flight(session: Session) -> bool:
     waits for its transcript, a turn is held for more speech, a response is under way, or
     bus results wait to be handled. (Between a transcript and its response's start none of
     these holds for a moment: the drain asks twice, `POLL_S` apart.)"""
-    hearing = session.hearing
+    hearing, replies = session.hearing, session.replies
     return (
-        session.reply is not None
+        replies.current is not None
         or hearing.utterance_id is not None
         or bool(hearing.pending)
-        or session._held is not None
+        or replies._held is not None
         or not session.inbox.empty()
     )
 
