@@ -1,7 +1,7 @@
 """The fault drill (benchmarks/fault_drill.py) runs: two of its scenarios on fake engines,
 so its stack of processes, its spoken load and its scoring keep working between the runs
-recorded in benchmarks/results/fault_drill_lite.json; one of them is the process-level
-check of a session's tenant across a gateway crash (issue 22, defect 1)."""
+recorded in benchmarks/results/fault_drill_lite.json (`pytest -m slow` runs them: each
+starts a whole stack of processes)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ async def test_capacity_plus_one_is_refused_and_the_others_lose_nothing(tmp_path
     assert plus_one["closes_by_code"] == {}
 
 
+@pytest.mark.slow  # ~40 s of processes; make test checks the same in tests/e2e (issue 22, 1)
 async def test_a_tenants_session_resumes_after_a_gateway_crash(tmp_path: Path) -> None:
     result = await run("fake", 1, ["tenant_resume_after_kill9"], tmp_path)
     outcome = result["scenarios"]["tenant_resume_after_kill9"]
