@@ -55,7 +55,13 @@ class Drill:
     workdir: Path
 
     def stack(self, name: str, **env: str) -> ProcessStack:
-        settings = {"VA_PROFILE": self.profile, "VA_GATEWAY__END_OF_TURN": "silence", **env}
+        settings = {
+            "VA_PROFILE": self.profile,
+            "VA_GATEWAY__END_OF_TURN": "silence",
+            # what the faults cost, not what a busy machine's latency makes admission refuse
+            "VA_GATEWAY__ADMISSION__ENABLED": "false",
+            **env,
+        }
         folder = self.workdir / name
         folder.mkdir(parents=True, exist_ok=True)
         return ProcessStack(settings, workdir=folder)

@@ -11,6 +11,7 @@ from pathlib import Path
 import websockets
 
 from services.common.bus.settings import RedisSettings
+from services.gateway.admission import AdmissionSettings
 from services.gateway.app import create_app
 from services.gateway.settings import GatewaySection, GatewaySettings
 from services.ops.redis_server import free_port, start_redis
@@ -32,7 +33,7 @@ async def test_a_session_outlives_its_redis(tmp_path: Path) -> None:
     port = free_port()
     redis = start_redis(port, tmp_path)
     bus = RedisSettings(url=f"redis://127.0.0.1:{port}/0")
-    section = GatewaySection(tts_timeout_s=1.0)
+    section = GatewaySection(tts_timeout_s=1.0, admission=AdmissionSettings(enabled=False))
     settings = GatewaySettings(profile="fake", redis=bus, gateway=section)
     try:
         with (

@@ -16,8 +16,9 @@ from redis.asyncio import Redis
 from services.common.auth.credentials import is_loopback
 from services.common.auth.guard import AuthGuard
 from services.common.auth.settings import AuthSettings
+from services.gateway.admission import AdmissionSettings
 from services.gateway.app import create_app
-from services.gateway.settings import GatewaySettings
+from services.gateway.settings import GatewaySection, GatewaySettings
 from services.ops.cli import main as cli_main
 from services.tts.app import create_app as tts_app
 from services.tts.settings import TtsSettings
@@ -32,6 +33,7 @@ async def _open(url: str) -> tuple[websockets.ClientConnection, str]:
     return ws, created["session"]["id"]
 
 
+UNMETERED = GatewaySection(admission=AdmissionSettings(enabled=False))  # a busy machine is not load
 SAYING = "one two three four five six seven eight"  # 2.4 s of fake TTS audio
 
 
@@ -59,7 +61,7 @@ async def _until_closed(ws: websockets.ClientConnection) -> tuple[list[dict[str,
 async def test_drain_closes_sessions_between_turns_with_1012_and_they_resume(
     redis_server: RedisProc,
 ) -> None:
-    settings = GatewaySettings(profile="fake", redis=redis_server.settings())
+    settings = GatewaySettings(profile="fake", redis=redis_server.settings(), gateway=UNMETERED)
     with (
         ServerThread(tts_app(TtsSettings(profile="fake", redis=settings.redis))),
         ServerThread(create_app(settings)) as gw,
@@ -101,7 +103,7 @@ async def test_drain_closes_sessions_between_turns_with_1012_and_they_resume(
 async def test_a_turn_longer_than_the_grace_period_is_closed_mid_turn(
     redis_server: RedisProc,
 ) -> None:
-    settings = GatewaySettings(profile="fake", redis=redis_server.settings())
+    settings = GatewaySettings(profile="fake", redis=redis_server.settings(), gateway=UNMETERED)
     with (
         ServerThread(tts_app(TtsSettings(profile="fake", redis=settings.redis))),
         ServerThread(create_app(settings)) as gw,

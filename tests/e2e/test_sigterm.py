@@ -71,6 +71,7 @@ def gateway(redis_server: RedisProc, tmp_path: Path) -> Iterator[Gateway]:
         "VA_REDIS__PREFIX": redis.prefix,
         "VA_AUTH__REQUIRED": "false",
         "VA_GATEWAY__END_OF_TURN": "silence",
+        "VA_GATEWAY__ADMISSION__ENABLED": "false",  # a busy machine is not load
         "VA_GATEWAY__SERVER__DRAIN_TIMEOUT_S": "20",
     }
     process = ServiceProcess("gateway", env, tmp_path)
