@@ -30,7 +30,7 @@ from services.gateway.admission import Admission
 from services.gateway.agent import AGENTS, Agent, AgentContext, Turn, can_prepare, load_agents
 from services.gateway.bus import GatewayBus
 from services.gateway.codec import Codec, NativeCodec, SessionChannel
-from services.gateway.drain import Drainer
+from services.gateway.drain import CLOSE_WAIT_S, Drainer, turn_in_flight
 from services.gateway.handshake import read_handshake
 from services.gateway.hearing import new_id
 from services.gateway.llm import LlmEndpoint, OpenAiAgent
@@ -144,7 +144,11 @@ def create_app(
     state.extra = extra
     state.timings = {"hearing": metrics.HEARING, "results": metrics.RESULTS_WAIT}
     background = Background()
-    drainer = Drainer(sessions, state)
+
+    async def save(session: Session) -> None:
+        await store.save(session.config, session.history, session.tenant)
+
+    drainer = Drainer(sessions, state, busy=turn_in_flight, save=save)
 
     def deliver(result: BusResult, audio: bytes | None) -> None:
         session = sessions.get(result.session_id)
@@ -184,7 +188,7 @@ def create_app(
     @app.post("/admin/drain")
     async def drain(
         request: Request,
-        grace_s: float = Query(30.0, ge=0, le=3600, description="time sessions get to end"),
+        grace_s: float = Query(30.0, ge=0, le=3600, description="time a turn gets to end"),
         wait_s: float = Query(10.0, ge=0, le=600, description="wait after closing with 1012"),
     ) -> JSONResponse:
         """Drain this gateway (docs/kubernetes.md): loopback callers only."""
@@ -307,5 +311,7 @@ def create_app(
     app.include_router(static_router(section))
 
     app.state.sessions = sessions
+    # SIGTERM runs it before uvicorn's own shutdown (services/common/service/server.py)
+    app.state.drain_on_stop = lambda: drainer.drain(section.server.drain_timeout_s, CLOSE_WAIT_S)
     app.state.gateway_id = gateway_id
     return app

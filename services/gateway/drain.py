@@ -1,10 +1,16 @@
-"""Drain a gateway before it stops: refuse new sessions, let open ones end, close the rest
-with 1012 (service restart) so their clients reconnect elsewhere and resume.
+"""Drain a gateway before it stops: refuse new sessions, let the turns in flight finish,
+save each session, close it with 1012 (service restart) so its client reconnects elsewhere
+and resumes.
 
-`POST /admin/drain` runs it (loopback callers only); `voice-agent drain` is its client and
-the Kubernetes `preStop` hook (docs/kubernetes.md). uvicorn's own SIGTERM path closes every
-session with 1012 at once; draining first lets sessions end by themselves during a grace
-period, and guarantees that by the time SIGTERM comes nothing is left open.
+Two doors lead here. `POST /admin/drain` (loopback callers only; `voice-agent drain` is its
+client and the Kubernetes `preStop` hook, docs/kubernetes.md), and SIGTERM: the server
+(services/common/service/server.py) runs the drain before uvicorn's own shutdown, which would
+otherwise close every session with 1012 at once, mid-utterance and mid-response.
+
+A session is closed as soon as it is between turns (`turn_in_flight` says no twice in a
+row): a response still playing, an utterance that has finished and waits for its
+transcript or its answer, or a user still speaking, is let finish within the grace period.
+Whatever is still in a turn when the grace period ends is closed anyway.
 """
 
 from __future__ import annotations
@@ -12,17 +18,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel
 
 from services.common.service.routes import ServiceState
 
+if TYPE_CHECKING:
+    from services.gateway.session import Session
+
 log = logging.getLogger(__name__)
 
 CLOSE_SERVICE_RESTART = 1012
 CLOSE_REASON = "gateway draining: reconnect with ?session_id= to resume"
+POLL_S = 0.05
+"""How often the drain looks for sessions that came to rest between turns."""
+CLOSE_WAIT_S = 5.0
+"""After SIGTERM's drain has closed every session: how long their closes get to finish."""
+
+
+def stop_budget_s(drain_timeout_s: float) -> float:
+    """The longest a gateway takes to stop after SIGTERM: the drain's grace period, the wait
+    for the closes, then uvicorn's own graceful shutdown (each `drain_timeout_s` at most).
+    systemd's TimeoutStopSec and the chart's terminationGracePeriodSeconds cover it
+    (tests/unit/test_systemd.py, test_kubernetes.py)."""
+    return 2 * drain_timeout_s + CLOSE_WAIT_S
 
 
 class Closable(Protocol):
@@ -34,22 +55,52 @@ class HasChannel(Protocol):
     def channel(self) -> Closable: ...
 
 
+S = TypeVar("S", bound=HasChannel)
+
+
+def turn_in_flight(session: Session) -> bool:
+    """Whether closing `session` now would cut a turn: the user is speaking, an utterance
+    waits for its transcript, a turn is held for more speech, a response is under way, or
+    bus results wait to be handled. (Between a transcript and its response's start none of
+    these holds for a moment: the drain asks twice, `POLL_S` apart.)"""
+    hearing, replies = session.hearing, session.replies
+    return (
+        replies.current is not None
+        or hearing.utterance_id is not None
+        or bool(hearing.pending)
+        or replies._held is not None
+        or not session.inbox.empty()
+    )
+
+
 class DrainReport(BaseModel):
-    """What one drain did: sessions at its start, those that ended within the grace period,
-    those closed with 1012, and those still open when it gave up waiting (0 on success)."""
+    """What one drain did: sessions at its start, those that ended by themselves, those it
+    closed with 1012 (between turns, or at the end of the grace period in the middle of a
+    turn), and those still open when it gave up waiting (0 on success)."""
 
     sessions_at_start: int
     ended_in_grace: int
     closed_1012: int
+    closed_mid_turn: int
     remaining: int
 
 
-class Drainer:
+class Drainer(Generic[S]):
     """One gateway's drain; concurrent callers share the drain in progress."""
 
-    def __init__(self, sessions: Mapping[str, HasChannel], state: ServiceState) -> None:
+    def __init__(
+        self,
+        sessions: Mapping[str, S],
+        state: ServiceState,
+        busy: Callable[[S], bool] = lambda _: False,
+        save: Callable[[S], Awaitable[None]] | None = None,
+    ) -> None:
         self.sessions = sessions
         self.state = state
+        self.busy = busy
+        """Whether a session is in the middle of a turn (it is let finish)."""
+        self.save = save
+        """Saves a session before it is closed, so its client resumes it as it is."""
         self.idle = asyncio.Event()
         self.idle.set()
         self._running: asyncio.Task[DrainReport] | None = None
@@ -73,19 +124,48 @@ class Drainer:
         self.state.draining = True  # /ready answers 503 and new sessions are refused
         at_start = len(self.sessions)
         log.info("draining: %d session(s), grace %.0f s", at_start, grace_s)
-        await self._until_idle(grace_s)
-        left = list(self.sessions.values())
-        for session in left:
-            await session.channel.close(CLOSE_SERVICE_RESTART, CLOSE_REASON)
+        closed: set[str] = set()
+        await self._between_turns(grace_s, closed)
+        mid_turn = [sid for sid in list(self.sessions) if sid not in closed]
+        for session_id in mid_turn:
+            await self._close(session_id, closed)
         await self._until_idle(wait_s)
         report = DrainReport(
             sessions_at_start=at_start,
-            ended_in_grace=max(at_start - len(left), 0),
-            closed_1012=len(left),
+            ended_in_grace=max(at_start - len(closed), 0),
+            closed_1012=len(closed),
+            closed_mid_turn=len(mid_turn),
             remaining=len(self.sessions),
         )
         log.info("drained: %s", report.model_dump())
         return report
+
+    async def _between_turns(self, grace_s: float, closed: set[str]) -> None:
+        """Close each session once it rests between turns, until none is left or the grace
+        period ends."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
+        resting: set[str] = set()  # between turns at the last look
+        while loop.time() < deadline and any(sid not in closed for sid in self.sessions):
+            for session_id, session in list(self.sessions.items()):
+                if session_id in closed:
+                    continue
+                if self.busy(session):
+                    resting.discard(session_id)
+                elif session_id in resting:
+                    await self._close(session_id, closed)
+                else:
+                    resting.add(session_id)
+            await self._until_idle(min(POLL_S, max(deadline - loop.time(), 0.0)))
+
+    async def _close(self, session_id: str, closed: set[str]) -> None:
+        session = self.sessions.get(session_id)
+        if session is None:
+            return
+        closed.add(session_id)
+        if self.save is not None:
+            await self.save(session)
+        await session.channel.close(CLOSE_SERVICE_RESTART, CLOSE_REASON)
 
     async def _until_idle(self, timeout_s: float) -> None:
         with contextlib.suppress(TimeoutError):

@@ -16,7 +16,12 @@ from services.gateway.settings import GatewaySettings
 def main(argv: list[str] | None = None) -> None:
     """Run the gateway until interrupted."""
     run_service(
-        "gateway", GatewaySettings, create_app, lambda settings: settings.gateway.server, argv
+        "gateway",
+        GatewaySettings,
+        create_app,
+        lambda settings: settings.gateway.server,
+        argv,
+        on_stop=lambda app: app.state.drain_on_stop(),  # services/gateway/drain.py
     )
 
 

@@ -1,7 +1,8 @@
 """The browser client at `/` (files in `static/`, no build step) and `GET /v1/voices`.
 
 The page lists voices from the gateway's own origin: `GET /v1/voices` here is the TTS
-service's list, fetched from `tts_url` (the gateway never imports the TTS service).
+service's list, fetched from `tts_url` (the gateway never imports the TTS service) with the
+caller's own credential, so the TTS service checks it too and lists that tenant's voices.
 """
 
 from __future__ import annotations
@@ -10,11 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from fastapi import APIRouter
-from fastapi.responses import FileResponse, RedirectResponse
+from fastapi import APIRouter, Request
+from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.routing import Mount
 
+from services.common.auth.credentials import credential
+from services.common.auth.guard import principal_of
 from services.common.errors import TtsUnavailable
 from services.gateway.settings import GatewaySection
 
@@ -44,14 +47,16 @@ def static_router(section: GatewaySection) -> APIRouter:
 
         router.routes.append(Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"))
 
-    @router.get("/v1/voices")
-    async def voices() -> dict[str, Any]:
+    @router.get("/v1/voices", response_model=None)
+    async def voices(request: Request) -> dict[str, Any] | JSONResponse:
         if section.tts_url is None:
             raise TtsUnavailable("this gateway has no tts_url: it cannot list voices")
         url = f"{section.tts_url.rstrip('/')}/v1/voices"
         try:
             async with httpx.AsyncClient(timeout=5.0) as client:
-                response = await client.get(url)
+                response = await client.get(url, headers=_forwarded(request))
+            if response.status_code in _CALLERS_ERRORS:  # the caller's, not the service's
+                return JSONResponse(response.json(), response.status_code, _retry(response))
             response.raise_for_status()
             listed: dict[str, Any] = response.json()
         except (httpx.HTTPError, ValueError) as exc:
@@ -61,3 +66,21 @@ def static_router(section: GatewaySection) -> APIRouter:
         return listed
 
     return router
+
+
+_CALLERS_ERRORS = frozenset({401, 403, 429})
+"""TTS answers about the caller's credential or limits, passed on as they are."""
+
+
+def _forwarded(request: Request) -> dict[str, str]:
+    """The credential the gateway's auth guard admitted this request with (none when
+    authentication is off): the TTS service checks it again and answers for its tenant."""
+    if principal_of(request).kind == "anonymous":
+        return {}
+    found = credential(request.scope)
+    return {} if found is None else {"Authorization": f"Bearer {found}"}
+
+
+def _retry(response: httpx.Response) -> dict[str, str] | None:
+    wait = response.headers.get("retry-after")
+    return None if wait is None else {"Retry-After": wait}

@@ -225,7 +225,7 @@ def parser() -> argparse.ArgumentParser:
     p_config.set_defaults(func=config)
     p_drain = sub.add_parser("drain", help="drain a local gateway before it stops")
     p_drain.add_argument("--url", default="http://127.0.0.1:8000", help="the gateway (loopback)")
-    p_drain.add_argument("--grace", type=float, default=30.0, help="seconds sessions get to end")
+    p_drain.add_argument("--grace", type=float, default=30.0, help="seconds a turn gets to end")
     p_drain.add_argument("--wait", type=float, default=10.0, help="seconds to wait after 1012")
     p_drain.set_defaults(func=drain)
     p_health = sub.add_parser(

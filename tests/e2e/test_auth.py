@@ -10,6 +10,7 @@ import json
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -33,9 +34,10 @@ from services.common.bus.connection import connect as redis_connect
 from services.common.bus.keys import Keys
 from services.common.bus.settings import RedisSettings
 from services.gateway.app import create_app as gateway_app
-from services.gateway.settings import GatewaySettings
+from services.gateway.settings import GatewaySection, GatewaySettings
 from services.tts.app import create_app as tts_app
-from services.tts.settings import TtsSettings
+from services.tts.settings import TtsSection, TtsSettings, VoiceLibrarySettings
+from tests.component.test_voice_library import GOOD
 from tests.conftest import RedisProc
 from tests.e2e.wire import recv_until
 from tests.servers import ServerThread
@@ -109,21 +111,26 @@ SERVICE_OF = {
 
 
 @contextmanager
-def start_auth_stack(redis: RedisSettings, settings: AuthSettings = AUTH) -> Iterator[AuthStack]:
+def start_auth_stack(
+    redis: RedisSettings, voices: Path, settings: AuthSettings = AUTH
+) -> Iterator[AuthStack]:
+    """ASR, TTS and a gateway that lists the TTS service's voices (`GET /v1/voices`)."""
     common: dict[str, Any] = {"profile": "fake", "redis": redis, "auth": settings}
     key_id, key = asyncio.run(new_key(redis, "acme"))
-    gw = gateway_app(GatewaySettings(**common))
+    library = TtsSection(voices=VoiceLibrarySettings(dir=voices))
+    tts_server = ServerThread(tts_app(TtsSettings(**common, tts=library)))
+    gw = gateway_app(GatewaySettings(**common, gateway=GatewaySection(tts_url=tts_server.http)))
     with (
         ServerThread(asr_app(AsrSettings(**common))) as asr,
-        ServerThread(tts_app(TtsSettings(**common))) as tts,
+        tts_server as tts,
         ServerThread(gw) as gateway,
     ):
         yield AuthStack(asr, tts, gateway, gw, redis, key, key_id)
 
 
 @pytest.fixture(scope="module")
-def stack(redis_server: RedisProc) -> Iterator[AuthStack]:
-    with start_auth_stack(redis_server.settings()) as started:
+def stack(redis_server: RedisProc, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthStack]:
+    with start_auth_stack(redis_server.settings(), tmp_path_factory.mktemp("voices")) as started:
         yield started
 
 
@@ -256,6 +263,25 @@ async def test_a_client_token_by_subprotocol_or_query_and_its_settings(stack: Au
         assert ready["type"] == "ready"
 
 
+async def test_a_client_token_chooses_the_agent_of_a_realtime_session(stack: AuthStack) -> None:
+    """What docs/realtime.md tells Realtime clients to do: their own session.update cannot
+    name an agent, a client token can. Here it names `openai`, whose LLM is not running:
+    the turn fails with `agent_failed` where the default `echo` would have answered."""
+    async with httpx.AsyncClient(timeout=10) as http:
+        url = f"{stack.gateway.http}/v1/sessions"
+        asked = {"session": {"agent": "openai"}}
+        token = (await http.post(url, json=asked, headers=bearer(stack.key))).json()["token"]
+    realtime = f"{stack.gateway.ws}/v1/realtime"
+    async with connect(realtime, additional_headers=bearer(token), open_timeout=10) as ws:
+        content = [{"type": "input_text", "text": "hello"}]
+        item = {"type": "message", "role": "user", "content": content}
+        await ws.send(json.dumps({"type": "conversation.item.create", "item": item}))
+        await ws.send(json.dumps({"type": "response.create"}))
+        while (event := json.loads(await asyncio.wait_for(ws.recv(), 20)))["type"] != "error":
+            assert event["type"] != "response.output_audio.delta", "the echo agent answered"
+        assert event["error"]["code"] == "agent_failed"
+
+
 async def test_the_origin_allow_list(stack: AuthStack) -> None:
     url = stack.url("/v1/stream")
     key = bearer(stack.key)
@@ -339,6 +365,34 @@ async def test_the_daily_audio_quota(stack: AuthStack) -> None:
     assert (status, body["error"]["code"]) == (429, "quota_exceeded")
     response = await rest(stack, "/v1/audio/transcriptions", bearer(key))
     assert response.status_code == 429 and int(response.headers["Retry-After"]) >= 1
+
+
+async def test_the_gateways_voice_list_is_the_callers_tenants(stack: AuthStack) -> None:
+    """The browser page lists voices from the gateway, which asks the TTS service on the
+    caller's behalf: with the caller's credential, so it gets the caller's tenant's voices."""
+    _, globex = await new_key(stack.redis, "globex")
+    relay = f"{stack.gateway.http}/v1/voices"
+    async with httpx.AsyncClient(timeout=30) as http:
+        files = {"file": ("clip.wav", GOOD, "audio/wav")}
+        made = await http.post(
+            f"{stack.tts.http}/v1/voices", files=files, data={"name": "Ada"}, headers=bearer(globex)
+        )
+        assert made.status_code == 201, made.text
+        voice = made.json()["id"]
+        token = (
+            await http.post(f"{stack.gateway.http}/v1/sessions", json={}, headers=bearer(globex))
+        ).json()["token"]
+        for credential in (globex, token):  # a server's key, the page's client token
+            listed = await http.get(relay, headers=bearer(credential))
+            assert listed.status_code == 200, listed.text
+            assert voice in {v["id"] for v in listed.json()["voices"]}
+        other = await http.get(relay, headers=bearer(stack.key))  # acme
+        assert other.status_code == 200, other.text
+        assert voice not in {v["id"] for v in other.json()["voices"]}
+        assert listed.json()["default"] == other.json()["default"]
+        refused = await http.get(relay)
+        assert refused.status_code == 401  # the gateway's own door, before any relay
+        await http.delete(f"{stack.tts.http}/v1/voices/{voice}", headers=bearer(globex))
 
 
 async def test_the_python_client_sends_its_key(stack: AuthStack) -> None:

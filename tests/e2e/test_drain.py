@@ -1,6 +1,7 @@
-"""Draining a gateway (the Kubernetes preStop hook): /ready turns 503, new sessions are
-refused, a session that ends in the grace period is let be, the rest close with 1012 and
-resume on another gateway."""
+"""Draining a gateway (the Kubernetes preStop hook; SIGTERM: tests/e2e/test_sigterm.py):
+/ready turns 503, new sessions are refused, a session between turns is closed with 1012 at
+once, one in the middle of a turn when its turn is over (or when the grace period ends),
+and they resume on another gateway."""
 
 from __future__ import annotations
 
@@ -15,9 +16,12 @@ from redis.asyncio import Redis
 from services.common.auth.credentials import is_loopback
 from services.common.auth.guard import AuthGuard
 from services.common.auth.settings import AuthSettings
+from services.gateway.admission import AdmissionSettings
 from services.gateway.app import create_app
-from services.gateway.settings import GatewaySettings
+from services.gateway.settings import GatewaySection, GatewaySettings
 from services.ops.cli import main as cli_main
+from services.tts.app import create_app as tts_app
+from services.tts.settings import TtsSettings
 from tests.conftest import RedisProc
 from tests.servers import ServerThread
 
@@ -29,38 +33,87 @@ async def _open(url: str) -> tuple[websockets.ClientConnection, str]:
     return ws, created["session"]["id"]
 
 
-async def test_drain_closes_sessions_with_1012_and_they_resume(redis_server: RedisProc) -> None:
-    settings = GatewaySettings(profile="fake", redis=redis_server.settings())
-    with ServerThread(create_app(settings)) as gw, ServerThread(create_app(settings)) as other:
+UNMETERED = GatewaySection(admission=AdmissionSettings(enabled=False))  # a busy machine is not load
+SAYING = "one two three four five six seven eight"  # 2.4 s of fake TTS audio
+
+
+async def _answering(url: str) -> websockets.ClientConnection:
+    """A session whose agent has started to speak (a response in flight)."""
+    ws, _ = await _open(url)
+    await ws.send(json.dumps({"type": "response.create", "text": SAYING}))
+    while not isinstance(await asyncio.wait_for(ws.recv(), 10), bytes):
+        pass  # until its first audio
+    return ws
+
+
+async def _until_closed(ws: websockets.ClientConnection) -> tuple[list[dict[str, object]], int]:
+    """The events a session got until the server closed it, and the close code."""
+    events = []
+    with pytest.raises(websockets.ConnectionClosed) as closed:
+        while True:
+            message = await ws.recv()
+            if isinstance(message, str):
+                events.append(json.loads(message))
+    assert closed.value.rcvd is not None
+    return events, closed.value.rcvd.code
+
+
+async def test_drain_closes_sessions_between_turns_with_1012_and_they_resume(
+    redis_server: RedisProc,
+) -> None:
+    settings = GatewaySettings(profile="fake", redis=redis_server.settings(), gateway=UNMETERED)
+    with (
+        ServerThread(tts_app(TtsSettings(profile="fake", redis=settings.redis))),
+        ServerThread(create_app(settings)) as gw,
+        ServerThread(create_app(settings)) as other,
+    ):
         url = f"{gw.ws}/v1/stream"
-        stays, stays_id = await _open(url)
-        leaves, _ = await _open(url)
+        resting, resting_id = await _open(url)
+        answering = await _answering(url)
+        leaves = await _answering(url)
         async with httpx.AsyncClient(base_url=gw.http) as http:
             assert (await http.get("/ready")).status_code == 200
-            drain = asyncio.create_task(http.post("/admin/drain?grace_s=1.5&wait_s=5"))
-            await asyncio.sleep(0.3)  # the drain is under way (grace period)
-            assert (await http.get("/ready")).status_code == 503
+            drain = asyncio.create_task(http.post("/admin/drain?grace_s=20&wait_s=5"))
+            while (await http.get("/ready")).status_code != 503:
+                pass  # the drain is under way
             async with websockets.connect(url) as late:
                 error = json.loads(await late.recv())
                 assert error["type"] == "error" and error["code"] == "capacity"
             await leaves.close()  # ends by itself within the grace period
-            with pytest.raises(websockets.ConnectionClosed) as closed:
-                while True:
-                    await stays.recv()
-            assert closed.value.rcvd is not None
-            assert closed.value.rcvd.code == 1012
+            assert (await _until_closed(resting))[1] == 1012  # between turns: closed at once
+            events, code = await _until_closed(answering)
+            assert code == 1012
+            done = [e for e in events if e["type"] == "response.done"]
+            assert [(d["status"], d["text"]) for d in done] == [("completed", SAYING)]
             reply = await drain
         assert reply.status_code == 200
         assert reply.json() == {
-            "sessions_at_start": 2,
+            "sessions_at_start": 3,
             "ended_in_grace": 1,
-            "closed_1012": 1,
+            "closed_1012": 2,
+            "closed_mid_turn": 0,
             "remaining": 0,
         }
         # the closed session resumes on another gateway
-        async with websockets.connect(f"{other.ws}/v1/stream?session_id={stays_id}") as again:
+        async with websockets.connect(f"{other.ws}/v1/stream?session_id={resting_id}") as again:
             created = json.loads(await again.recv())
-            assert created["session"]["id"] == stays_id and created["session"]["resumed"]
+            assert created["session"]["id"] == resting_id and created["session"]["resumed"]
+
+
+async def test_a_turn_longer_than_the_grace_period_is_closed_mid_turn(
+    redis_server: RedisProc,
+) -> None:
+    settings = GatewaySettings(profile="fake", redis=redis_server.settings(), gateway=UNMETERED)
+    with (
+        ServerThread(tts_app(TtsSettings(profile="fake", redis=settings.redis))),
+        ServerThread(create_app(settings)) as gw,
+    ):
+        answering = await _answering(f"{gw.ws}/v1/stream")
+        async with httpx.AsyncClient(base_url=gw.http) as http:
+            reply = await http.post("/admin/drain?grace_s=0.3&wait_s=5")
+        events, code = await _until_closed(answering)
+        assert code == 1012 and not [e for e in events if e["type"] == "response.done"]
+        assert reply.json()["closed_mid_turn"] == 1 and reply.json()["remaining"] == 0
 
 
 def test_voice_agent_drain_cli(redis_server: RedisProc, capsys: pytest.CaptureFixture[str]) -> None:

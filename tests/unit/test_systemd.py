@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from services.gateway.drain import stop_budget_s
+
 ROOT = Path(__file__).resolve().parents[2]
 INSTALL = ROOT / "scripts" / "install_systemd.sh"
 UNITS = ("voice-agent-asr.service", "voice-agent-tts.service", "voice-agent-gateway@.service")
@@ -108,6 +110,14 @@ def test_gpu_units_own_one_gpu_each_and_keep_device_access(rendered: Path) -> No
     assert tts["ExecStart"] == [f"{VENV}/bin/python services/tts/server.py --port 8002"]
     assert gateway["ExecStart"] == [f"{VENV}/bin/python services/gateway/server.py --port %i"]
     assert "VA_GATEWAY__GATEWAY_ID=gw-%l-%i" in gateway["Environment"]
+
+
+def test_the_gateways_stop_timeout_covers_its_sigterm_drain(rendered: Path) -> None:
+    """systemd kills a unit still stopping after TimeoutStopSec: the gateway's drain on
+    SIGTERM (its grace period, the closes, uvicorn's shutdown) must fit, with a margin."""
+    gateway = parse_unit(units_dir(rendered) / "voice-agent-gateway@.service")["Service"]
+    (stop,) = gateway["TimeoutStopSec"]
+    assert float(stop) >= stop_budget_s(30) + 10  # rendered with --drain-timeout 30
 
 
 def test_target_and_env_file(rendered: Path) -> None:

@@ -49,3 +49,25 @@ def test_with_auth_on_the_page_loads_and_everything_else_needs_a_credential() ->
     for path in ("/v1/voices", "/v1/sessions", "/static", "/admin/drain"):
         assert not guard._open(path, {**http, "path": path}), path
     assert not guard._open("/", {**http, "type": "websocket", "path": "/"})
+
+
+def test_voices_passes_on_the_tts_services_answer_about_the_caller() -> None:
+    """A 401/403/429 from the TTS service is about the caller (its credential, its
+    limits): the caller gets it as it is, not a 503 that blames the service."""
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+
+    from tests.servers import ServerThread
+
+    tts = FastAPI()
+
+    @tts.get("/v1/voices")
+    async def limited() -> JSONResponse:
+        body = {"error": {"message": "slow down", "type": "rate_limited", "code": "rate_limited"}}
+        return JSONResponse(body, 429, headers={"Retry-After": "7"})
+
+    with ServerThread(tts) as server:
+        response = _client(tts_url=server.http).get("/v1/voices")
+    assert response.status_code == 429
+    assert response.headers["retry-after"] == "7"
+    assert response.json()["error"]["code"] == "rate_limited"

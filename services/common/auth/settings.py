@@ -27,7 +27,7 @@ class DefaultLimits(Limits):
     """The deployment's limits for every tenant whose key sets none (docs/auth.md: why)."""
 
     sessions: int | None = Field(default=20, ge=0, le=1_000_000)
-    """Concurrent WebSocket sessions per tenant (one host serves 30-100)."""
+    """Concurrent WebSocket sessions per tenant (a host is designed for 30-100)."""
     sessions_per_minute: int | None = Field(default=60, ge=0, le=1_000_000)
     """New WebSocket sessions per tenant per minute (a reconnect loop is stopped)."""
     requests_per_minute: int | None = Field(default=600, ge=0, le=10_000_000)

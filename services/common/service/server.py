@@ -7,8 +7,10 @@ service (the layering rule: `services.common` sits below every service).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
-from collections.abc import Callable
+import socket
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import uvicorn
@@ -19,6 +21,7 @@ from services.common.service.settings import BaseServiceSettings, ServerSettings
 from services.common.service.upgrade import KeepUpgradeTail
 
 S = TypeVar("S", bound=BaseServiceSettings)
+log = logging.getLogger(__name__)
 
 
 def uvicorn_config(app: Any, server: ServerSettings, log_level: str) -> uvicorn.Config:
@@ -40,14 +43,52 @@ def uvicorn_config(app: Any, server: ServerSettings, log_level: str) -> uvicorn.
     )
 
 
+class StoppingServer(uvicorn.Server):
+    """uvicorn's server, running the app's own stop (`on_stop`: the gateway's drain) when a
+    signal asks it to exit, before uvicorn's shutdown: that one closes every WebSocket at
+    once (1012), where the app would let the work in flight finish first.
+
+    The listening sockets close first: a load balancer sends new connections to another
+    process while the open ones finish here. A second Ctrl-C cuts the stop short."""
+
+    def __init__(
+        self, config: uvicorn.Config, on_stop: Callable[[], Awaitable[object]] | None = None
+    ) -> None:
+        super().__init__(config)
+        self.on_stop = on_stop
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.on_stop is not None and not self.force_exit:
+            for server in self.servers:
+                server.close()
+            await self._stop_app(self.on_stop)
+        await super().shutdown(sockets)
+
+    async def _stop_app(self, on_stop: Callable[[], Awaitable[object]]) -> None:
+        async def run() -> None:
+            await on_stop()
+
+        stopping = asyncio.create_task(run(), name="on-stop")
+        while not stopping.done():
+            await asyncio.wait({stopping}, timeout=0.1)
+            if self.force_exit:
+                stopping.cancel()
+        if not stopping.cancelled() and stopping.exception() is not None:
+            log.error("stopping the app failed", exc_info=stopping.exception())
+
+
 def run_service(
     name: str,
     settings_cls: type[S],
     create_app: Callable[[S], Any],
     server_of: Callable[[S], ServerSettings],
     argv: list[str] | None = None,
+    on_stop: Callable[[Any], Awaitable[object]] | None = None,
 ) -> None:
-    """Parse `--host/--port`, read the settings from the environment, serve until stopped."""
+    """Parse `--host/--port`, read the settings from the environment, serve until stopped.
+
+    `on_stop(app)` runs when SIGTERM or Ctrl-C asks the server to stop, before uvicorn
+    closes the connections (StoppingServer)."""
     parser = argparse.ArgumentParser(prog=f"voice-agent {name}")
     parser.add_argument("--host", help="bind address (default from settings)")
     parser.add_argument("--port", type=int, help="TCP port (default from settings)")
@@ -64,6 +105,7 @@ def run_service(
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    config = uvicorn_config(create_app(settings), server, settings.log_level)
+    app = create_app(settings)
+    config = uvicorn_config(app, server, settings.log_level)
     install_redaction()  # after uvicorn configured its loggers and handlers
-    uvicorn.Server(config).run()
+    StoppingServer(config, None if on_stop is None else lambda: on_stop(app)).run()
