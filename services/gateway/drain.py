@@ -59,18 +59,10 @@ S = TypeVar("S", bound=HasChannel)
 
 
 def turn_in_flight(session: Session) -> bool:
-    """Whether closing `session` now would cut a turn: the user is speaking, an utterance
-    waits for its transcript, a turn is held for more speech, a response is under way, or
-    bus results wait to be handled. (Between a transcript and its response's start none of
-    these holds for a moment: the drain asks twice, `POLL_S` apart.)"""
-    hearing, replies = session.hearing, session.replies
-    return (
-        replies.current is not None
-        or hearing.utterance_id is not None
-        or bool(hearing.pending)
-        or replies._held is not None
-        or not session.inbox.empty()
-    )
+    """Whether closing `session` now would cut a turn (`Session.busy`). Between a transcript
+    and its response's start it holds for a moment only: the drain asks twice, `POLL_S`
+    apart."""
+    return session.busy()
 
 
 class DrainReport(BaseModel):

@@ -148,6 +148,10 @@ class Hearing:
         await self._maybe_partial()
         self.pause.maybe_ask(self.utterance_id)
 
+    def busy(self) -> bool:
+        """An utterance is open, or a finished one waits for its transcript."""
+        return self.utterance_id is not None or bool(self.pending)
+
     async def commit(self) -> None:
         """The client ends the utterance now (a manual turn)."""
         end = self.listener.commit()

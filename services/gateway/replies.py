@@ -65,6 +65,10 @@ class Replies:
     def speaking(self) -> bool:
         return self.current is not None and self.current.speaking
 
+    def busy(self) -> bool:
+        """A reply is under way, or a turn is held for more speech."""
+        return self.current is not None or self._held is not None
+
     def of(self, response_id: str) -> Reply | None:
         """The reply playing, or the one prepared, that a TTS result belongs to."""
         prepared = self._prepared.reply if self._prepared is not None else None

@@ -187,6 +187,12 @@ class Session:
         await self.channel.send(SessionUpdated(session=self.config))
         await self._save()
 
+    def busy(self) -> bool:
+        """Whether closing the session now would cut a turn: the user is speaking, an
+        utterance waits for its transcript, a turn is held for more speech, a reply is under
+        way, or bus results wait to be handled."""
+        return self.hearing.busy() or self.replies.busy() or not self.inbox.empty()
+
     def deliver(self, result: BusResult, audio: bytes | None) -> None:
         """A bus result for this session (called by the gateway's result reader)."""
         try:

@@ -200,3 +200,37 @@ async def test_a_refusing_redis_never_stops_the_worker(bus: tuple[RedisSettings,
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await redis.aclose()
+
+
+async def test_a_live_workers_long_job_is_never_reclaimed(
+    bus: tuple[RedisSettings, Keys],
+) -> None:
+    """A job running three times `claim_idle_ms` stays its worker's (it touches it), while a
+    second worker keeps reclaiming: one run, one result."""
+    settings, keys = bus  # claim_idle_ms=1000
+    redis = connect(settings)
+    stream, replies = keys.jobs("asr"), f"{settings.prefix}:long-replies"
+    runs: list[str] = []
+
+    async def slow(delivery: Delivery) -> None:
+        runs.append(delivery.fields[b"meta"].decode())
+        await asyncio.sleep(3.0)
+        await publish(redis, settings, replies, {b"meta": delivery.fields[b"meta"]})
+
+    workers = [
+        JobWorker(JobStream(redis, settings, stream, "asr", name), keys, slow, 4)
+        for name in ("a", "b")
+    ]
+    tasks = [asyncio.create_task(w.run()) for w in workers]
+    try:
+        await JobStream(redis, settings, stream, "asr", "producer").submit(job("long"))
+        async with asyncio.timeout(30):
+            while not await redis.xlen(replies):
+                await asyncio.sleep(0.05)
+        assert len(runs) == 1  # never reclaimed by the other worker while it ran
+        assert await redis.xlen(replies) == 1
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await redis.aclose()

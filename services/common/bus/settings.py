@@ -20,8 +20,10 @@ class RedisSettings(BaseModel):
     """Approximate cap on a gateway's result stream."""
     block_ms: int = Field(default=1_000, ge=10, le=30_000)
     """How long a blocking XREAD/XREADGROUP waits; the socket timeout is set above it."""
-    claim_idle_ms: int = Field(default=30_000, ge=1_000, le=3_600_000)
-    """A pending job idle this long is reclaimed from a dead worker by XAUTOCLAIM."""
+    claim_idle_ms: int = Field(default=5_000, ge=1_000, le=3_600_000)
+    """A pending job idle this long is reclaimed from a dead worker by XAUTOCLAIM (a live
+    worker touches its jobs in flight every third of it, however long they run): keep it
+    well below the gateway's `asr_timeout_s`/`tts_timeout_s`."""
     max_deliveries: int = Field(default=3, ge=1, le=100)
     """A job delivered this many times goes to the dead-letter stream."""
     job_ttl_s: int = Field(default=600, ge=10, le=86_400)

@@ -2,7 +2,8 @@
 
 Semantics (see ARCHITECTURE.md and docs/redis-ha.md):
 - a delivered entry stays pending until XACK; a worker that dies leaves it pending and
-  `JobStream.reclaim` (XAUTOCLAIM) hands it to a live worker after `claim_idle_ms`;
+  `JobStream.reclaim` (XAUTOCLAIM) hands it to a live worker after `claim_idle_ms`, while a
+  live worker keeps its entries fresh (`touch`) however long its jobs run;
 - an entry delivered more than `max_deliveries` times goes to `<stream>:dead`;
 - every job carries an idempotency key (`job_id`): a worker skips a job already marked
   done, and consumers of results drop repeats, so a reclaimed job never shows twice;
@@ -130,6 +131,15 @@ class JobStream:
         if claimed:
             log.warning("reclaimed %d pending job(s) on %s", len(claimed), self.stream)
         return claimed
+
+    async def touch(self, entry_ids: list[bytes]) -> None:
+        """Reset the idle time of entries this consumer is still working on (XCLAIM to
+        itself, JUSTID: the delivery count stays): a live worker's job is never reclaimed,
+        however long it runs, so `claim_idle_ms` can be short and a dead worker's jobs move
+        on within seconds."""
+        if entry_ids:
+            ids: list[Any] = list(entry_ids)
+            await self.redis.xclaim(self.stream, self.group, self.consumer, 0, ids, justid=True)
 
     async def ack(self, entry_id: bytes) -> None:
         """Acknowledge one job: it leaves the pending list."""

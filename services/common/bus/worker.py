@@ -43,10 +43,29 @@ class JobWorker:
         self.concurrency = concurrency
         self.connected = False
         self.in_flight: set[asyncio.Task[None]] = set()
+        self._entries: dict[asyncio.Task[None], bytes] = {}  # in-flight task → its entry
         self._last_reclaim = 0.0
 
     async def run(self) -> None:
         """Serve until cancelled; survives Redis outages by retrying with backoff."""
+        heartbeat = asyncio.create_task(self._heartbeat(), name=f"touch-{self.jobs.stream}")
+        try:
+            await self._run()
+        finally:
+            heartbeat.cancel()
+
+    async def _heartbeat(self) -> None:
+        """Every third of `claim_idle_ms`, touch the entries of the jobs in flight: only a
+        dead worker's jobs go idle long enough to be reclaimed."""
+        period = self.jobs.settings.claim_idle_ms / 3000
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await self.jobs.touch(list(self._entries.values()))
+            except (*REDIS_DOWN, ResponseError) as exc:
+                log.info("could not touch jobs in flight on %s: %s", self.jobs.stream, exc)
+
+    async def _run(self) -> None:
         backoff = 0.2
         while True:
             try:
@@ -92,7 +111,12 @@ class JobWorker:
     def _spawn(self, delivery: Delivery) -> None:
         task = asyncio.create_task(self._run_one(delivery), name=f"job-{delivery.entry_id!r}")
         self.in_flight.add(task)
-        task.add_done_callback(self.in_flight.discard)
+        self._entries[task] = delivery.entry_id
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self.in_flight.discard(task)
+        self._entries.pop(task, None)
 
     async def _run_one(self, delivery: Delivery) -> None:
         job_id = job_id_of(delivery)
