@@ -29,20 +29,21 @@ def timestamp(seconds: float, sep: str) -> str:
     return f"{h:02d}:{m:02d}:{s:02d}{sep}{ms:03d}"
 
 
-def srt(segments: list[Segment]) -> str:
+def srt(segments: list[Segment], duration: float) -> str:
     cues = [
-        f"{i}\n{timestamp(s.start, ',')} --> {timestamp(s.end, ',')}\n{s.text.strip()}\n"
-        for i, s in enumerate(segments, 1)
+        f"{i}\n{_cue(s, duration, ',')}\n{s.text.strip()}\n" for i, s in enumerate(segments, 1)
     ]
     return "\n".join(cues)
 
 
-def vtt(segments: list[Segment]) -> str:
-    cues = [
-        f"{timestamp(s.start, '.')} --> {timestamp(s.end, '.')}\n{s.text.strip()}\n"
-        for s in segments
-    ]
+def vtt(segments: list[Segment], duration: float) -> str:
+    cues = [f"{_cue(s, duration, '.')}\n{s.text.strip()}\n" for s in segments]
     return "\n".join(["WEBVTT\n", *cues])
+
+
+def _cue(segment: Segment, duration: float, sep: str) -> str:
+    start, end = _at(segment.start, duration), _at(segment.end, duration)
+    return f"{timestamp(start, sep)} --> {timestamp(end, sep)}"
 
 
 def from_utterance(transcript: Transcript) -> FileTranscript:
@@ -65,9 +66,9 @@ def render(
     if fmt == "text":
         return PlainTextResponse(result.text)
     if fmt == "srt":
-        return PlainTextResponse(srt(result.segments))
+        return PlainTextResponse(srt(result.segments, result.duration_s))
     if fmt == "vtt":
-        return PlainTextResponse(vtt(result.segments), media_type="text/vtt")
+        return PlainTextResponse(vtt(result.segments, result.duration_s), media_type="text/vtt")
     if fmt == "json":
         return JSONResponse({"text": result.text})
     return JSONResponse(verbose(result, task, granularities))
@@ -84,14 +85,15 @@ def verbose(
         "duration": round(result.duration_s, 3),
         "text": result.text,
     }
+    end = result.duration_s
     if not granularities or "segment" in granularities:
-        body["segments"] = [_segment(s) for s in result.segments]
+        body["segments"] = [_segment(s, end) for s in result.segments]
     if "word" in granularities:
         body["words"] = [
             {
                 "word": w.word.strip(),
-                "start": round(w.start, 3),
-                "end": round(w.end, 3),
+                "start": _at(w.start, end),
+                "end": _at(w.end, end),
                 "probability": round(w.probability, 4),
             }
             for s in result.segments
@@ -102,12 +104,18 @@ def verbose(
     return body
 
 
-def _segment(segment: Segment) -> dict[str, Any]:
+def _at(seconds: float, duration: float) -> float:
+    """A time in the file, in ms precision, never past its end (Whisper's last timestamp
+    token can land up to a few tens of ms beyond the audio)."""
+    return round(min(max(seconds, 0.0), duration), 3)
+
+
+def _segment(segment: Segment, duration: float) -> dict[str, Any]:
     return {
         "id": segment.id,
         "seek": segment.seek,
-        "start": round(segment.start, 3),
-        "end": round(segment.end, 3),
+        "start": _at(segment.start, duration),
+        "end": _at(segment.end, duration),
         "text": segment.text,
         "tokens": segment.tokens,
         "temperature": segment.temperature,
