@@ -30,9 +30,7 @@ def timestamp(seconds: float, sep: str) -> str:
 
 
 def srt(segments: list[Segment], duration: float) -> str:
-    cues = [
-        f"{i}\n{_cue(s, duration, ',')}\n{s.text.strip()}\n" for i, s in enumerate(segments, 1)
-    ]
+    cues = [f"{i}\n{_cue(s, duration, ',')}\n{s.text.strip()}\n" for i, s in enumerate(segments, 1)]
     return "\n".join(cues)
 
 
