@@ -27,7 +27,9 @@ RANDOM = "tiny-random"
 
 
 @pytest.fixture(scope="module")
-def asr(redis_server: RedisProc, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+def asr(
+    redis_server: RedisProc, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerThread]:
     models_dir = tmp_path_factory.mktemp("models")
     build_tiny_whisper(models_dir / f"faster-whisper-{RANDOM}")
     section = AsrSection(
@@ -53,7 +55,7 @@ def _wav(audio: np.ndarray) -> tuple[str, io.BytesIO]:
 
 def test_models_are_listed_and_retrieved(client: openai.OpenAI) -> None:
     listed = {model.id: model for model in client.models.list()}
-    assert list(listed)[0] == "tiny.en"
+    assert next(iter(listed)) == "tiny.en"
     assert RANDOM in listed
     default = listed["tiny.en"].model_dump()
     assert default["default"] is True and default["loaded"] is True
