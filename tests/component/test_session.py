@@ -371,7 +371,7 @@ async def test_session_voice_style_travels_with_every_tts_job() -> None:
 
 @on_virtual_time
 async def test_the_hold_is_for_english_words_only() -> None:
-    """"bread and" holds the turn in English; in German the trailing-word rule does not
+    """ "bread and" holds the turn in English; in German the trailing-word rule does not
     judge it, and the transcript says which language was heard."""
     async with running_session(
         end_of_turn=holding(), transcripts=["bread and"], language="de"

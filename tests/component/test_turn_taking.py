@@ -286,7 +286,7 @@ async def test_smart_turn_without_speculation_trusts_the_model() -> None:
 
 @on_virtual_time
 async def test_the_word_rules_leave_a_language_they_do_not_know_to_the_model() -> None:
-    """"a table for" ends mid-thought in English; heard as French, the words do not hold
+    """ "a table for" ends mid-thought in English; heard as French, the words do not hold
     the turn: the model's "complete" ends it at the pause, as for any finished sentence."""
     settings = GatewaySection(end_of_turn_fallback_ms=1500)
     policy = smart_turn(0.9)

@@ -66,7 +66,10 @@ def test_the_first_bytes_leave_with_the_first_piece(
 ) -> None:
     engine.gate.clear()
     with client.audio.speech.with_streaming_response.create(
-        model="tts-1", voice="alloy", input=TEXT, response_format=fmt  # type: ignore[arg-type]
+        model="tts-1",
+        voice="alloy",
+        input=TEXT,
+        response_format=fmt,  # type: ignore[arg-type]
     ) as response:
         pieces = response.iter_bytes()
         first = next(pieces)  # the second piece is still held: this is the first's audio
@@ -107,9 +110,7 @@ def test_sse_events_as_openai_defines_them(client: openai.OpenAI, engine: GatedE
     assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
 
 
-def test_models_are_listed_and_model_is_checked(
-    client: openai.OpenAI, engine: GatedEngine
-) -> None:
+def test_models_are_listed_and_model_is_checked(client: openai.OpenAI, engine: GatedEngine) -> None:
     engine.gate.set()
     listed = list(client.models.list())
     assert [m.id for m in listed] == ["fake"]

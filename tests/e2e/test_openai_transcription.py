@@ -187,4 +187,3 @@ def test_a_language_the_model_does_not_know_is_refused(client: openai.OpenAI) ->
             model="whisper-1", file=_wav(speak("hello")), language="de", response_format="srt"
         )
     assert "knows English only" in str(refused.value.body)
-
