@@ -107,10 +107,11 @@ def main() -> None:
                 )
                 engines[model].load()
                 load_s = time.perf_counter() - started
-            row = {"model": model, "language": language or "detected", "load_s": round(load_s, 2)}
+            told = language or ("detected" if model == "base" else "English-only model")
+            row = {"model": model, "language": told, "load_s": round(load_s, 2)}
             row |= run(engines[model], language, clips)
             print(
-                f"{model:8} {row['language']:9} WER {row['wer']:.3f} {row['wer_by_voice']} "
+                f"{model:8} {row['language']:18} WER {row['wer']:.3f} {row['wer_by_voice']} "
                 f"RTF {row['rtf']:.3f} English {row['heard_as_english']}"
             )
             rows.append(row)
