@@ -148,3 +148,28 @@ async def test_whole_file_work_waits_for_the_utterances() -> None:
     runner.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await runner
+
+
+def test_auto_means_detect(tmp_path: Path) -> None:
+    """`auto` (what the environment can say for "no language") detects, per utterance, as
+    no language does: on the batched path, from the settings, and on the whole-file path."""
+    from services.asr.engines.base import FileRequest
+    from services.asr.engines.whisper import FasterWhisperEngine
+    from services.asr.settings import WhisperSettings
+    from tests.speech import speak
+    from tests.tiny_whisper import LANGUAGES, build_tiny_whisper
+
+    folder = build_tiny_whisper(tmp_path / "m")
+    audio = speak("what is the weather like in paris today", 16000)
+    unset = FasterWhisperEngine(WhisperSettings(model=str(folder), warmup=False))
+    auto = FasterWhisperEngine(WhisperSettings(model=str(folder), language="auto", warmup=False))
+    unset.load()
+    auto.load()
+    (detected,) = unset.transcribe_batch([AsrInput(audio)])
+    assert detected.language in LANGUAGES
+    (asked,) = unset.transcribe_batch([AsrInput(audio, "auto")])
+    (from_settings,) = auto.transcribe_batch([AsrInput(audio)])
+    assert asked.language == from_settings.language == detected.language
+    assert asked.text == from_settings.text == detected.text
+    whole = auto.transcribe_file(FileRequest(audio))
+    assert whole.language in LANGUAGES
