@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Query, WebSocket
 
-from services.asr.batcher import Batcher
 from services.asr.consumer import AsrJobHandler
 from services.asr.engines import create_engine
 from services.asr.engines.base import AsrEngine
+from services.asr.engines.catalog import PACKAGED
+from services.asr.models import AsrModels, discovered
 from services.asr.rest import router
-from services.asr.settings import AsrSettings
+from services.asr.settings import AsrSection, AsrSettings
 from services.asr.stream import serve_asr_stream
 from services.common.audio.listener import HearingBatcher
 from services.common.audio.vad import SileroVad
@@ -36,7 +37,13 @@ def create_app(settings: AsrSettings, engine: AsrEngine | None = None) -> FastAP
     engine = engine or create_engine(section)
     redis = connect(settings.redis)
     keys = Keys(settings.redis.prefix, settings.redis.shards)
-    batcher = Batcher(engine, section.max_batch, section.max_queue, section.max_wait_ms)
+    models = AsrModels(
+        section,
+        engine,
+        lambda name: create_engine(_with_model(section, name)),
+        _discover(section),
+    )
+    batcher = models.default_batcher
     state = ServiceState(
         service="asr",
         redis=redis,
@@ -44,18 +51,17 @@ def create_app(settings: AsrSettings, engine: AsrEngine | None = None) -> FastAP
         model=engine.model,
         device=engine.device,
         gpu_index=cuda_index(engine.device),
-        queue_depth=batcher.depth,
+        queue_depth=models.depth,
     )
     hearing: dict[str, HearingBatcher] = {}  # the VAD of every stream, batched off the loop
     background = Background()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        await asyncio.to_thread(engine.load)
+        await models.start()
         state.device, state.gpu_index = engine.device, cuda_index(engine.device)
         hearing["vad"] = HearingBatcher(await asyncio.to_thread(SileroVad))
         state.model_loaded = True
-        background.start(batcher.run(), "asr-batcher")
         consumer = unique_consumer_name("asr")
         handler = AsrJobHandler(batcher, redis, settings.redis)
         shards = consumed_shards(settings.redis)
@@ -82,13 +88,14 @@ def create_app(settings: AsrSettings, engine: AsrEngine | None = None) -> FastAP
             for worker in workers:
                 await worker.drain(section.server.drain_timeout_s)
             await background.stop()
+            await models.stop()
             hearing["vad"].close()
             await redis.aclose()
 
     app = FastAPI(title="voice-agent ASR", lifespan=lifespan)
     install_ops(app, state)
     install_auth(app, settings.auth, redis, settings.redis.prefix, "asr")
-    app.include_router(router(batcher, int(section.max_upload_mb * 1024 * 1024)))
+    app.include_router(router(models, int(section.max_upload_mb * 1024 * 1024)))
 
     @app.websocket("/v1/stream/asr")
     async def asr_stream(
@@ -111,4 +118,18 @@ def create_app(settings: AsrSettings, engine: AsrEngine | None = None) -> FastAP
         )
 
     app.state.batcher = batcher
+    app.state.models = models
     return app
+
+
+def _with_model(section: AsrSection, name: str) -> AsrSection:
+    """The section with `name` as its Whisper model (another model of the same process)."""
+    whisper = section.whisper.model_copy(update={"model": name})
+    return section.model_copy(update={"whisper": whisper})
+
+
+def _discover(section: AsrSection) -> Callable[[], list[str]] | None:
+    """Installed models are found only for faster-whisper (the fake engine has one)."""
+    if section.engine != "faster-whisper":
+        return None
+    return lambda: discovered(section.whisper.models_dir, dict(PACKAGED))

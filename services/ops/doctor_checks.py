@@ -25,7 +25,7 @@ from services.asr.settings import AsrSettings
 from services.common.bus.connection import parse_url
 from services.common.errors import EngineUnavailable
 from services.common.platform import gpu
-from services.common.platform.packaged import PackagedModel
+from services.common.platform.packaged import PackagedModel, SplitModel
 from services.ops.deploy import (
     NginxSite,
     check_nginx,
@@ -180,7 +180,7 @@ def check_tts_model(settings: TtsSettings, tts_venv: Path | None = None) -> Chec
     return Check("model tts", "WARN" if missing else "OK", f"chatterbox ({where}); {state}")
 
 
-def _packaged(name: str, model: PackagedModel) -> Check:
+def _packaged(name: str, model: PackagedModel | SplitModel) -> Check:
     """A model that comes in a wheel: installed, the pinned version, every file's SHA-256."""
     try:
         folder = model.verify()

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from services.ops import piper_voices
+
 WHISPER_FILES: Final = (
     "config.json",
     "preprocessor_config.json",
@@ -121,8 +123,11 @@ def is_complete(model: ModelSpec, folder: Path) -> bool:
 
 
 def pull(name: str, directory: Path, environ: Mapping[str, str] | None = None) -> Path:
-    """Download a model into `<directory>/<name>` (a no-op when it is complete already)."""
+    """Download a model into `<directory>/<name>` (a no-op when it is complete already);
+    a Piper voice (`piper-<voice>`) into `<directory>/<voice>.onnx` (piper_voices.py)."""
     env = os.environ if environ is None else environ
+    if piper_voices.is_piper(name):
+        return _pull_voice(name, directory, env)
     model = spec(name)
     folder = directory / model.name
     if is_complete(model, folder):
@@ -143,6 +148,32 @@ def pull(name: str, directory: Path, environ: Mapping[str, str] | None = None) -
     if missing:
         raise ModelError(f"{model.repo} gave no {', '.join(missing)}: {folder} is incomplete")
     return folder
+
+
+def _pull_voice(name: str, directory: Path, env: Mapping[str, str]) -> Path:
+    voice = name.removeprefix(piper_voices.PREFIX)
+    try:
+        piper_voices.hub_paths(voice)
+    except piper_voices.VoiceNameError as exc:
+        raise ModelError(str(exc)) from None
+    if piper_voices.is_complete(voice, directory):
+        return directory / f"{voice}.onnx"
+    if env.get("HF_HUB_OFFLINE", "").strip().lower() in TRUE:
+        raise ModelError(
+            f"cannot download Piper voice {voice}: HF_HUB_OFFLINE={env['HF_HUB_OFFLINE']} "
+            f"forbids it; copy {voice}.onnx and {voice}.onnx.json into {directory} instead"
+        )
+    try:
+        return piper_voices.pull(name, directory)
+    except ImportError as exc:
+        raise ModelError(
+            f"huggingface_hub is not installed ({exc}): pip install huggingface_hub"
+        ) from exc
+    except (OSError, ValueError) as exc:
+        raise ModelError(
+            f"cannot download Piper voice {voice} from {piper_voices.REPO}: "
+            f"{type(exc).__name__}: {_first_line(exc)}"
+        ) from exc
 
 
 def _snapshot(model: ModelSpec, folder: Path) -> None:
@@ -199,6 +230,8 @@ def list_models(directory: Path) -> list[str]:
     for model in MODELS.values():
         state = "pulled" if is_complete(model, directory / model.name) else "-"
         lines.append(f"{model.name:34} {model.repo:48} {model.engine:6} {state}")
+    example = f"{piper_voices.PREFIX}<lang>_<REGION>-<speaker>-<quality>"
+    lines.append(f"{example:34} {piper_voices.REPO:48} {'tts':6} into voices/piper")
     return lines
 
 
@@ -206,8 +239,8 @@ def run(args: argparse.Namespace) -> None:
     """The `models` subcommand."""
     from services.ops import wheel_models
 
-    directory = Path(args.dir)
     if args.models_command == "list":
+        directory = Path(args.dir or "models")
         print("\n".join(list_models(directory)))
         for name, wheel_model in wheel_models.WHEEL_MODELS.items():
             model = wheel_model().model
@@ -215,6 +248,8 @@ def run(args: argparse.Namespace) -> None:
             origin = f"{model.distribution}=={model.version} (PyPI)"
             print(f"{name:34} {origin:48} {'gw':6} {state}")
         return
+    default = piper_voices.DEFAULT_DIR if piper_voices.is_piper(args.name) else Path("models")
+    directory = Path(args.dir) if args.dir else default
     try:
         if args.name in wheel_models.WHEEL_MODELS:
             folder = wheel_models.pull(args.name, directory)
@@ -233,8 +268,14 @@ def add_models_command(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     )
     actions = models.add_subparsers(dest="models_command", required=True)
     pull_cmd = actions.add_parser("pull", help="download a model into DIR/NAME")
-    pull_cmd.add_argument("name", help="a model name from `voice-agent models list`")
-    pull_cmd.add_argument("--dir", default="models", help="models folder (default: models)")
+    pull_cmd.add_argument(
+        "name",
+        help="a model name from `voice-agent models list`, or piper-<voice> for a Piper "
+        "voice of rhasspy/piper-voices (e.g. piper-de_DE-thorsten-medium)",
+    )
+    pull_cmd.add_argument(
+        "--dir", default=None, help="models folder (default: models; voices/piper for voices)"
+    )
     list_cmd = actions.add_parser("list", help="the models that can be pulled")
     list_cmd.add_argument("--dir", default="models", help="models folder (default: models)")
     models.set_defaults(func=run)

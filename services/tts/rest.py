@@ -1,34 +1,50 @@
-"""`POST /v1/audio/speech` (OpenAI-compatible); the voice routes are in voices_api.py.
+"""`POST /v1/audio/speech` and `GET /v1/models` (OpenAI-compatible); voices are in voices_api.py.
 
 OpenAI's voice names (`alloy`, `nova`, ...) are accepted and all map to the engine's
 default voice; `GET /v1/voices` lists them under `openai_voices`. Any other name must be
-one of the engine's voices or a library voice id, else 400. `pcm` is headerless PCM16
-at 24 kHz, as OpenAI's.
+one of the engine's voices or a library voice id, else 400. OpenAI's model names
+(`tts-1`, `tts-1-hd`, `gpt-4o-mini-tts`) mean the engine this service runs; another
+name must be the engine's own (`GET /v1/models`), else 400.
+
+Every format streams: each chunk the engine makes is encoded (services/common/audio/
+stream_encoder.py) and sent at once, so the first bytes leave with the first
+synthesized piece whether the format is `pcm`, `wav`, `mp3`, `opus`, `aac` or `flac`.
+`pcm` is headerless PCM16 at 24 kHz, as OpenAI's. The first chunk is made before the
+200 goes out, so capacity and engine errors still become an HTTP error status instead
+of a cut-off body. `stream_format: "sse"` sends the same encoded bytes as server-sent
+events, as OpenAI defines them: `speech.audio.delta` (base64 `audio`) per chunk, then
+`speech.audio.done` with `usage` (this service counts input characters and output
+milliseconds of audio there: it has no tokens).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
-from typing import Annotated, Any
+from typing import Annotated, Any, Final, Literal
 
-import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.common import metrics
-from services.common.audio.pcm import encode_audio, float_to_pcm16, media_type, supported_encodings
+from services.common.audio.pcm import AudioF32, media_type, supported_encodings
+from services.common.audio.stream_encoder import StreamEncoder, stream_rate
 from services.common.auth.guard import principal_of
-from services.common.errors import InvalidMessage
+from services.common.errors import InvalidMessage, UnknownModel
 from services.common.protocol.events import NOT_BLANK
-from services.tts.engines.base import SpeechRequest
 from services.tts.synthesizer import Synthesizer
 
 OPENAI_PCM_RATE = 24000
 """OpenAI's `pcm` is headerless PCM16 at 24 kHz: without a header, clients can only assume it."""
+OPENAI_MODELS: Final = frozenset(
+    {"tts-1", "tts-1-hd", "gpt-4o-mini-tts", "gpt-4o-mini-tts-2025-12-15"}
+)
+"""OpenAI's speech models: each means the engine this service runs."""
 
 
 class SpeechBody(BaseModel):
@@ -41,6 +57,8 @@ class SpeechBody(BaseModel):
     voice: str | dict[str, Any] = "default"
     """An engine voice, `default`, or an OpenAI voice name (mapped to the default voice)."""
     response_format: str = "mp3"
+    stream_format: Literal["audio", "sse"] = "audio"
+    """`audio`: the encoded bytes as they are made; `sse`: the same as server-sent events."""
     speed: float = Field(default=1.0, ge=0.25, le=4.0)
     sample_rate: int | None = Field(default=None, ge=8000, le=48000)
     exaggeration: float | None = Field(default=None, ge=0.0, le=2.0)
@@ -51,10 +69,51 @@ class SpeechBody(BaseModel):
     """chatterbox: sampling temperature for this request."""
 
 
+def served_models(synthesizer: Synthesizer) -> list[dict[str, Any]]:
+    """What `GET /v1/models` lists: the engine this service runs, with its voices."""
+    engine = synthesizer.engine
+    return [
+        {
+            "id": engine.name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "voice-agent",
+            "task": "text-to-speech",
+            "default": True,
+            "loaded": True,
+            "model": engine.model,
+            "voices": engine.voices(),
+            "aliases": sorted(OPENAI_MODELS),
+        }
+    ]
+
+
+def check_model(synthesizer: Synthesizer, model: str) -> None:
+    """UnknownModel (400) unless `model` names this service's engine or an OpenAI model."""
+    engine = synthesizer.engine
+    if model in OPENAI_MODELS or model in (engine.name, engine.model):
+        return
+    raise UnknownModel(
+        f"unknown model {model!r}; this service serves {engine.name} "
+        f"({', '.join(sorted(OPENAI_MODELS))} mean it; see GET /v1/models)"
+    )
+
+
 def router(synthesizer: Synthesizer, max_input_chars: int) -> APIRouter:
     """The REST routes of the TTS service."""
     api = APIRouter()
     formats = supported_encodings()
+
+    @api.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        return {"object": "list", "data": served_models(synthesizer)}
+
+    @api.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str) -> dict[str, Any]:
+        for model in served_models(synthesizer):
+            if model_id in (model["id"], model["model"]):
+                return model
+        raise _NotFound(f"unknown model {model_id!r}; see GET /v1/models")
 
     @api.post("/v1/audio/speech", response_model=None)
     async def speech(body: SpeechBody, http: Request) -> Response:
@@ -67,41 +126,77 @@ def router(synthesizer: Synthesizer, max_input_chars: int) -> APIRouter:
             )
         if len(body.input) > max_input_chars:
             raise InvalidMessage(f"input exceeds {max_input_chars} characters")
+        check_model(synthesizer, body.model)
         voice = body.voice if isinstance(body.voice, str) else str(body.voice.get("id", ""))
         request = synthesizer.request(body.input, voice, body)
         default_rate = OPENAI_PCM_RATE if body.response_format == "pcm" else None
-        rate = body.sample_rate or default_rate or synthesizer.engine.sample_rate
-        if body.response_format == "pcm":
-            return await _pcm_response(synthesizer, request, rate, tenant)
-        async with aclosing(synthesizer.stream(request, rate, tenant)) as chunks:
-            audio = [chunk async for chunk in chunks]
-        samples = np.concatenate(audio) if audio else np.zeros(0, np.float32)
-        data = await asyncio.to_thread(encode_audio, samples, rate, body.response_format)
-        metrics.REQUEST_DURATION.labels("tts", "speech").observe(time.perf_counter() - started)
-        metrics.REQUESTS.labels("tts", "speech", "ok").inc()
-        return Response(data, media_type=media_type(body.response_format))
+        asked = body.sample_rate or default_rate or synthesizer.engine.sample_rate
+        rate = stream_rate(body.response_format, asked)
+        chunks = synthesizer.stream(request, rate, tenant)
+        try:
+            first = await anext(chunks, None)
+        except BaseException:
+            await chunks.aclose()
+            raise
+        encoded = _encoded(chunks, first, StreamEncoder(body.response_format, rate), started)
+        if body.stream_format == "sse":
+            events = _events(encoded, len(body.input), rate)
+            return StreamingResponse(events, media_type="text/event-stream")
+        return StreamingResponse(_bytes(encoded), media_type=media_type(body.response_format))
 
     return api
 
 
-async def _pcm_response(
-    synthesizer: Synthesizer, request: SpeechRequest, rate: int, tenant: str
-) -> Response:
-    """Stream raw PCM; the first chunk is made before the 200 goes out, so capacity and
-    engine errors still become an HTTP error status instead of a cut-off body."""
-    chunks = synthesizer.stream(request, rate, tenant)
+class _NotFound(UnknownModel):
+    code = "model_not_found"
+    http_status = 404
+
+
+async def _encoded(
+    chunks: AsyncGenerator[AudioF32, None],
+    first: AudioF32 | None,
+    encoder: StreamEncoder,
+    started: float,
+) -> AsyncIterator[tuple[bytes, int]]:
+    """(encoded bytes, samples they carry) per chunk, the header with the first."""
     try:
-        first = await anext(chunks)
-    except StopAsyncIteration:
-        return Response(b"", media_type="audio/pcm")
-    except BaseException:
-        await chunks.aclose()
-        raise
-
-    async def body() -> AsyncIterator[bytes]:
         async with aclosing(chunks):
-            yield float_to_pcm16(first)
+            header = await asyncio.to_thread(encoder.start)
+            if first is not None:
+                data = await asyncio.to_thread(encoder.encode, first)
+                yield header + data, first.size
+            else:
+                yield header, 0
             async for chunk in chunks:
-                yield float_to_pcm16(chunk)
+                yield await asyncio.to_thread(encoder.encode, chunk), chunk.size
+            yield await asyncio.to_thread(encoder.finish), 0
+        metrics.REQUEST_DURATION.labels("tts", "speech").observe(time.perf_counter() - started)
+        metrics.REQUESTS.labels("tts", "speech", "ok").inc()
+    finally:
+        encoder.close()
 
-    return StreamingResponse(body(), media_type="audio/pcm")
+
+async def _bytes(encoded: AsyncIterator[tuple[bytes, int]]) -> AsyncIterator[bytes]:
+    async for data, _ in encoded:
+        if data:
+            yield data
+
+
+async def _events(
+    encoded: AsyncIterator[tuple[bytes, int]], characters: int, rate: int
+) -> AsyncIterator[bytes]:
+    """OpenAI's speech events: a `speech.audio.delta` per piece, then `speech.audio.done`."""
+    samples = 0
+    async for data, count in encoded:
+        samples += count
+        if data:
+            audio = base64.b64encode(data).decode("ascii")
+            yield _event({"type": "speech.audio.delta", "audio": audio})
+    output = round(1000 * samples / rate)
+    usage = {"input_tokens": characters, "output_tokens": output}
+    usage["total_tokens"] = characters + output
+    yield _event({"type": "speech.audio.done", "usage": usage})
+
+
+def _event(body: dict[str, Any]) -> bytes:
+    return f"event: {body['type']}\ndata: {json.dumps(body)}\n\n".encode()

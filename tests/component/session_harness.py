@@ -129,6 +129,8 @@ class FakeBus:
     """What every final says of its last word (None: the engine does not say)."""
     avg_logprob: float | None = None
     """What every final says of its words' mean log-probability (None: it does not say)."""
+    language: str | None = None
+    """The language every transcript says it heard (None: the engine does not say)."""
     tts_first_s: float = 0.05
     tts_chunk_s: float = 0.02
     """Between pieces: TTS runs faster than real time, as it must."""
@@ -158,6 +160,7 @@ class FakeBus:
         final = job.mode == "final"
         result = job.result(
             text,
+            language=self.language,
             last_word_logprob=self.last_word_logprob if final else None,
             avg_logprob=self.avg_logprob if final else None,
         )

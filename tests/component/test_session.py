@@ -367,3 +367,17 @@ async def test_session_voice_style_travels_with_every_tts_job() -> None:
     jobs = [job for _, job in h.bus.tts_jobs]
     assert len(jobs) >= 2
     assert all((j.exaggeration, j.cfg_weight, j.temperature) == (1.2, 0.3, 0.5) for j in jobs)
+
+
+@on_virtual_time
+async def test_the_hold_is_for_english_words_only() -> None:
+    """ "bread and" holds the turn in English; in German the trailing-word rule does not
+    judge it, and the transcript says which language was heard."""
+    async with running_session(
+        end_of_turn=holding(), transcripts=["bread and"], language="de"
+    ) as h:
+        await h.say(silence(200), tone(600), silence(800))
+        await h.wait_for("response.created")
+    final = h.of_type("transcript.final")[0]
+    assert final["language"] == "de"
+    assert h.time_of("response.created") == pytest.approx(h.time_of("transcript.final"))

@@ -282,3 +282,20 @@ async def test_smart_turn_without_speculation_trusts_the_model() -> None:
         await h.say(silence(800))
         await h.wait_for("response.done")
     assert h.time_of("speech.stopped") - speech_end == pytest.approx(FIRST_ASK_S, abs=2 * WINDOW_S)
+
+
+@on_virtual_time
+async def test_the_word_rules_leave_a_language_they_do_not_know_to_the_model() -> None:
+    """ "a table for" ends mid-thought in English; heard as French, the words do not hold
+    the turn: the model's "complete" ends it at the pause, as for any finished sentence."""
+    settings = GatewaySection(end_of_turn_fallback_ms=1500)
+    policy = smart_turn(0.9)
+    async with running_session(
+        settings, end_of_turn=policy, transcripts=["a table for"], language="fr"
+    ) as h:
+        speech_end = await h.say(silence(200), tone(1000))
+        await h.say(silence(1800))
+        await h.wait_for("response.done")
+    stopped = h.time_of("speech.stopped") - speech_end
+    assert stopped == pytest.approx(PAUSE_S + h.bus.asr_delay_s, abs=2 * WINDOW_S)
+    assert h.of_type("transcript.final")[0]["language"] == "fr"

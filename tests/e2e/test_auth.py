@@ -145,7 +145,7 @@ async def rest(stack: AuthStack, path: str, headers: dict[str, str]) -> httpx.Re
         if path == "/v1/audio/transcriptions":
             audio = encode_audio(np.zeros(16000, np.float32), 16000, "wav")
             files = {"file": ("a.wav", audio, "audio/wav")}
-            return await http.post(url, headers=headers, files=files, data={"model": "w"})
+            return await http.post(url, headers=headers, files=files, data={"model": "whisper-1"})
         if path == "/v1/audio/speech":
             body = {"model": "tts-1", "input": "hello", "voice": "default"}
             return await http.post(url, headers=headers, json=body)

@@ -687,7 +687,8 @@ def test_rest_health_bad_window(lite_stack: Stack, service: str, window: str) ->
     ("service", "method", "path", "status"),
     [
         ("asr", "GET", "/v1/audio/transcriptions", 405),
-        ("asr", "GET", "/v1/audio/translations", 404),
+        ("asr", "GET", "/v1/audio/translations", 405),
+        ("asr", "GET", "/v1/audio/nothing-here", 404),
         ("tts", "GET", "/v1/audio/speech", 405),
         ("tts", "DELETE", "/v1/voices", 405),
         ("tts", "PUT", "/v1/voices/v_0000000000000000", 405),

@@ -15,6 +15,8 @@ WS_ROUTES = {"/v1/stream": "va_gateway", "/v1/realtime": "va_gateway"}
 WS_ROUTES |= {"/v1/stream/asr": "va_asr", "/v1/stream/tts": "va_tts"}
 REST_ROUTES = {
     "= /v1/audio/transcriptions": "http://va_asr",
+    "= /v1/audio/translations": "http://va_asr",
+    "/v1/models": "http://va_asr",
     "= /v1/audio/speech": "http://va_tts",
     "/v1/voices": "http://va_tts",
     "= /": "http://va_gateway",  # the browser client

@@ -211,6 +211,7 @@ def test_ingress_keeps_websockets_open_and_routes_like_nginx() -> None:
     assert paths["/v1/stream"] == "va-voice-agent-gateway"
     assert paths["/v1/stream/asr"] == "va-voice-agent-asr"
     assert paths["/v1/audio/speech"] == "va-voice-agent-tts"
+    assert paths["/v1/audio/translations"] == paths["/v1/models"] == "va-voice-agent-asr"
     assert ingress["spec"]["tls"][0]["secretName"] == "voice-agent-tls"
 
 

@@ -164,3 +164,58 @@ def test_moshi_and_personaplex_can_be_pulled_for_the_duplex_service(tmp_path: Pa
     # the engine reads the folder `models pull` fills
     settings = MoshiSettings(model="moshiko-pytorch-bf16", models_dir=tmp_path)
     assert model_folder(settings) == tmp_path / "moshiko-pytorch-bf16"
+
+
+def test_a_piper_voice_is_pulled_flat_into_the_voices_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`models pull piper-<voice>` asks rhasspy/piper-voices for the voice's two files and
+    puts them where the Piper engine looks: it then speaks the voice by name."""
+    import json
+
+    from services.tts.engines.piper import JOE, PiperEngine
+    from services.tts.settings import PiperSettings
+
+    calls: list[dict[str, Any]] = []
+    source = JOE.verify() / "en_US-joe-medium.onnx"
+
+    def download(**kwargs: Any) -> str:
+        calls.append(kwargs)
+        for pattern in kwargs["allow_patterns"]:
+            target = Path(kwargs["local_dir"]) / pattern
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if pattern.endswith(".json"):
+                config = json.loads(source.with_name(f"{source.name}.json").read_text())
+                config["language"] = {"code": "de_DE"}
+                target.write_text(json.dumps(config))
+            else:
+                target.write_bytes(source.read_bytes())  # stands in for the German weights
+        return str(kwargs["local_dir"])
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", download)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    voices = tmp_path / "voices"
+    main(["models", "pull", "piper-de_DE-thorsten-medium", "--dir", str(voices)])
+    (call,) = calls
+    assert call["repo_id"] == "rhasspy/piper-voices"
+    folder = "de/de_DE/thorsten/medium"
+    assert call["allow_patterns"] == [
+        f"{folder}/de_DE-thorsten-medium.onnx",
+        f"{folder}/de_DE-thorsten-medium.onnx.json",
+    ]
+    assert sorted(p.name for p in voices.iterdir()) == [
+        "de_DE-thorsten-medium.onnx",
+        "de_DE-thorsten-medium.onnx.json",
+    ]
+    assert "ready in" in capsys.readouterr().out
+    main(["models", "pull", "piper-de_DE-thorsten-medium", "--dir", str(voices)])
+    assert len(calls) == 1  # complete: no second fetch
+    engine = PiperEngine(PiperSettings(voices_dir=voices))
+    assert "de_DE-thorsten-medium" in engine.voices()
+
+
+def test_a_piper_voice_name_is_checked_before_any_download(tmp_path: Path) -> None:
+    with pytest.raises(ModelError, match="not a Piper voice name"):
+        pull("piper-thorsten", tmp_path, {})
+    with pytest.raises(ModelError, match="HF_HUB_OFFLINE=1 forbids it"):
+        pull("piper-de_DE-thorsten-medium", tmp_path, {"HF_HUB_OFFLINE": "1"})

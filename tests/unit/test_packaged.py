@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -44,3 +45,27 @@ def test_a_missing_file_or_wheel_names_the_install() -> None:
         match=r"1\.0\.0 wheel, which is not installed: \.venv/bin/pip install -e '\.\[lite\]'",
     ):
         no_wheel.verify()
+
+
+def test_a_split_model_is_joined_once_and_checked(tmp_path: Path) -> None:
+    """Whisper base comes in two wheels: its model.bin is joined from the parts into the
+    cache, matches the recorded sum, and a changed joined file is joined again."""
+    from services.asr.engines.catalog import BASE
+
+    folder = BASE.materialize(tmp_path)
+    assert sorted(p.name for p in folder.iterdir()) == sorted(BASE.joined)
+    for name, (_, expected) in BASE.joined.items():
+        assert sha256(folder / name) == expected
+    config = folder / "config.json"
+    config.write_text("{}")  # changed behind our back
+    assert BASE.materialize(tmp_path) == folder
+    assert sha256(config) == BASE.joined["config.json"][1]
+
+
+def test_a_join_that_does_not_match_is_refused(tmp_path: Path) -> None:
+    from services.asr.engines.catalog import BASE
+
+    wrong = dataclasses.replace(BASE, joined={"config.json": (("config.json",), "0" * 64)})
+    with pytest.raises(EngineUnavailable, match="refusing to load it"):
+        wrong.materialize(tmp_path)
+    assert not (tmp_path / f"base-{BASE.version}" / "config.json").exists()

@@ -6,7 +6,12 @@ import pytest
 
 from services.gateway.agent import Turn
 from services.gateway.settings import GatewaySection
-from services.gateway.turn_end import SilenceOnly, TrailingWordHeuristic, create_policy
+from services.gateway.turn_end import (
+    SilenceOnly,
+    TrailingWordHeuristic,
+    create_policy,
+    word_rules_apply,
+)
 
 
 class HalfSecond:
@@ -51,3 +56,13 @@ async def test_policies_by_name_and_by_import_path() -> None:
 def test_an_unknown_policy_names_the_choices() -> None:
     with pytest.raises(ValueError, match="heuristic, silence"):
         create_policy(GatewaySection(end_of_turn="semantic"))
+
+
+@pytest.mark.parametrize(
+    ("language", "applies"),
+    [(None, True), ("en", True), ("EN", True), ("en-GB", True), ("de", False), ("fr", False)],
+)
+def test_word_rules_judge_english_and_unnamed_languages_only(
+    language: str | None, applies: bool
+) -> None:
+    assert word_rules_apply(language) is applies

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -37,6 +37,65 @@ class Transcript:
     no words). Near 0: sure; a misheard last word scores low (docs/turn-taking.md)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Word:
+    """One word with its times in the file (seconds) and the model's probability of it."""
+
+    word: str
+    start: float
+    end: float
+    probability: float
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One stretch of a file's transcript, as Whisper's timestamp decoding cuts it."""
+
+    id: int
+    seek: int
+    start: float
+    end: float
+    text: str
+    tokens: list[int]
+    temperature: float
+    avg_logprob: float
+    compression_ratio: float
+    no_speech_prob: float
+    words: list[Word] | None = None
+
+
+Task = Literal["transcribe", "translate"]
+
+
+@dataclass(frozen=True, slots=True)
+class FileRequest:
+    """A whole file to transcribe (the REST doors): timestamps, prompt, task and all.
+
+    The streaming doors never take this path: their utterances go through the batched,
+    timestamp-free `transcribe_batch`, which is what keeps them fast."""
+
+    audio: AudioF32
+    language: str | None = None
+    task: Task = "transcribe"
+    prompt: str | None = None
+    """Text that comes before the audio (names, spellings, style): Whisper's initial prompt."""
+    hotwords: str | None = None
+    """Words likely to be spoken (faster-whisper's `hotwords`: a prefix prompt)."""
+    word_timestamps: bool = False
+    temperature: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class FileTranscript:
+    """A file's transcript: its segments (and words, when asked for)."""
+
+    text: str
+    language: str
+    duration_s: float
+    segments: list[Segment]
+    language_probability: float | None = None
+
+
 class Interrupted(Exception):
     """An interruptible call gave up because its `stop` event was set."""
 
@@ -65,4 +124,18 @@ class InterruptibleEngine(AsrEngine, Protocol):
         self, items: Sequence[AsrInput], stop: threading.Event
     ) -> list[Transcript]:
         """As `transcribe_batch`, but raise Interrupted soon after `stop` is set."""
+        ...
+
+
+@runtime_checkable
+class FileEngine(AsrEngine, Protocol):
+    """An engine that also transcribes whole files with timestamps (the REST doors)."""
+
+    def languages(self) -> list[str]:
+        """The language codes the model knows (["en"] for an English-only model, which
+        cannot translate either)."""
+        ...
+
+    def transcribe_file(self, request: FileRequest) -> FileTranscript:
+        """Transcribe (or translate to English) one file of any length, with segments."""
         ...

@@ -10,7 +10,14 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from services.asr.engines.base import AsrInput, Transcript
+from services.asr.engines.base import (
+    AsrInput,
+    FileRequest,
+    FileTranscript,
+    Segment,
+    Transcript,
+    Word,
+)
 from services.asr.settings import FakeAsrSettings
 
 
@@ -26,6 +33,8 @@ class FakeAsrEngine:
         self.settings = settings
         self.calls = 0
         """Batched calls made so far."""
+        self.files: list[FileRequest] = []
+        """Every whole-file request, as the engine got it (prompt, task, ...)."""
 
     def load(self) -> None:
         """Nothing to load."""
@@ -39,3 +48,28 @@ class FakeAsrEngine:
     def _transcript(self, item: AsrInput) -> Transcript:
         duration = item.audio.size / self.sample_rate
         return Transcript(self.settings.text, item.language or "en", duration)
+
+    def languages(self) -> list[str]:
+        return ["en"]
+
+    def transcribe_file(self, request: FileRequest) -> FileTranscript:
+        """The fixed text as one segment, its words spread evenly over the audio."""
+        self.files.append(request)
+        duration = request.audio.size / self.sample_rate
+        spoken = self.settings.text.split()
+        step = duration / max(len(spoken), 1)
+        words = [Word(f" {w}", i * step, (i + 1) * step, 1.0) for i, w in enumerate(spoken)]
+        segment = Segment(
+            id=0,
+            seek=0,
+            start=0.0,
+            end=duration,
+            text=f" {self.settings.text}",
+            tokens=[],
+            temperature=request.temperature,
+            avg_logprob=0.0,
+            compression_ratio=1.0,
+            no_speech_prob=0.0,
+            words=words if request.word_timestamps else None,
+        )
+        return FileTranscript(self.settings.text, "en", duration, [segment] if spoken else [])

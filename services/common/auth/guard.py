@@ -47,7 +47,7 @@ PAGE_PREFIX: Final = "/static/"
 PRINCIPAL: Final = "va.principal"
 METER: Final = "va.meter"
 BRIEF_HEALTH: Final = "va.brief_health"
-AUDIO_ROUTES: Final = frozenset({"/v1/audio/transcriptions"})
+AUDIO_ROUTES: Final = frozenset({"/v1/audio/transcriptions", "/v1/audio/translations"})
 
 
 class StoreUnreachable(VoiceAgentError):

