@@ -57,7 +57,7 @@ class Gateway:
                 stdout=subprocess.DEVNULL,
                 stderr=log,
             )
-        wait_ready({"gateway": f"http://127.0.0.1:{self.port}"}, [self.proc], 60, str(self.log))
+        wait_ready({"gateway": f"http://127.0.0.1:{self.port}"}, [self.proc], 180, str(self.log))
 
     def kill(self) -> None:
         assert self.proc is not None
@@ -87,6 +87,7 @@ async def stored(redis: RedisSettings, session_id: str) -> StoredSession:
     return StoredSession.model_validate_json(raw)
 
 
+@pytest.mark.timeout(600)  # two gateway processes start: slow on a busy machine, not wrong
 async def test_a_crashed_gateways_session_resumes_for_its_tenant_only(
     engines: RedisSettings, tmp_path: Path
 ) -> None:
@@ -98,7 +99,7 @@ async def test_a_crashed_gateways_session_resumes_for_its_tenant_only(
         async with session(gateway.url, additional_headers=bearer(acme)) as (ws, created):
             session_id = created["session"]["id"]
             await ws.send(json.dumps({"type": "conversation.text", "text": "Remember the door."}))
-            while json.loads(await asyncio.wait_for(_text(ws), 20))["type"] != "response.done":
+            while json.loads(await asyncio.wait_for(_text(ws), 60))["type"] != "response.done":
                 pass
             gateway.kill()  # mid-conversation: the socket is still open
         saved = await stored(engines, session_id)

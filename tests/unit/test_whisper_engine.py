@@ -331,7 +331,8 @@ def test_tiny_en_says_how_sure_it_is_of_its_words_and_the_last_word() -> None:
     # (a runaway loop, which backwards speech sometimes gives, is scored over the tokens
     # kept from the step logits: its confident repeats past the cap do not count)
     (backwards,) = sure.transcribe_batch([AsrInput(audio[::-1].copy(), "en")])
-    assert backwards.avg_logprob is not None and backwards.avg_logprob < -0.6
+    assert backwards.avg_logprob is not None
+    assert backwards.avg_logprob < scored.avg_logprob - 0.3  # far lower: -0.7 to -1.9 vs -0.16
     (silent,) = sure.transcribe_batch([AsrInput(np.zeros(RATE, np.float32), "en")])
     assert not any(c.isalnum() for c in silent.text)  # "" or "."
     assert silent.last_word_logprob is None
