@@ -22,9 +22,9 @@ from services.common.auth.credentials import app_subprotocol
 from services.common.auth.guard import meter_of
 from services.common.auth.limits import AudioMeter
 from services.common.errors import CapacityError, UnsupportedSampleRate, VoiceAgentError
+from services.common.protocol.duplex import DuplexReady, TextDelta, parse_client
 from services.common.service.routes import ServiceState
 from services.common.service.ws import Channel, Disconnected
-from services.duplex.events import DuplexReady, TextDelta, parse_client
 from services.duplex.framing import ClientAudio
 from services.duplex.session import DuplexSession, held_slot
 from services.duplex.stepper import Stepper
