@@ -32,6 +32,7 @@ class DuplexStack:
 
     duplex: ServerThread
     gateway: ServerThread
+    redis: RedisSettings
     app: Any
     """The gateway's app (its `state.sessions`)."""
 
@@ -59,7 +60,7 @@ def duplex_stack(
         )
         app = gateway_app(GatewaySettings(redis=redis, auth=auth, gateway=section))
         with ServerThread(app) as front:
-            yield DuplexStack(service, front, app)
+            yield DuplexStack(service, front, redis, app)
 
 
 @dataclass

@@ -239,3 +239,21 @@ async def test_a_session_resumes_with_its_settings_and_the_agents_text(
     assert " ".join(t.text for t in history) == said
     assert {t.role for t in history} == {"agent"}
     assert deltas["delta"] == " w5"
+
+
+async def test_a_duplex_service_going_away_ends_the_session_clearly(
+    redis_server: RedisProc,
+) -> None:
+    with duplex_stack(redis_server.settings()) as stack:
+        async with session(stack.stream_url) as client:
+            await client.event("response.created")
+            await stream(client.ws, float_to_pcm16(np.full(FRAME_24K * 3, 0.1, np.float32)), 24000)
+            await client.until(lambda: client.samples().size > 0)
+            stack.duplex.server.should_exit = True  # uvicorn closes its sessions (1012)
+            await client.until(lambda: client.ws.close_code is not None)
+    assert client.ws.close_code == 1011
+    done, error = client.of("response.done")[0], client.of("error")[0]
+    assert done["status"] == "failed"
+    assert error["code"] == "duplex_unavailable" and error["fatal"] is True
+    assert "ended the session (close 1012" in error["message"]
+    assert [e["type"] for e in client.events][-2:] == ["response.done", "error"]
