@@ -13,6 +13,7 @@ import asyncio
 from fastapi import WebSocket
 
 from services.common.audio.pcm import (
+    LOW_LATENCY,
     StreamResampler,
     check_sample_rate,
     float_to_pcm16,
@@ -96,7 +97,7 @@ async def serve_pcm_stream(
             )
             await channel.send(ready)
             audio = ClientAudio(input_rate, engine.sample_rate, engine.frame_samples)
-            out = StreamResampler(engine.sample_rate, output_rate)
+            out = StreamResampler(engine.sample_rate, output_rate, LOW_LATENCY)
             try:
                 async with asyncio.TaskGroup() as tasks:
                     tasks.create_task(_write(channel, session, out), name="duplex-out")

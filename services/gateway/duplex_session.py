@@ -24,7 +24,12 @@ import logging
 from typing import Literal
 
 from services.common.audio.listener import Listener
-from services.common.audio.pcm import StreamResampler, float_to_pcm16, pcm16_to_float
+from services.common.audio.pcm import (
+    LOW_LATENCY,
+    StreamResampler,
+    float_to_pcm16,
+    pcm16_to_float,
+)
 from services.common.audio.turns import SpeechEnd, SpeechStart, TurnEvent
 from services.common.auth.limits import AudioMeter
 from services.common.bus.messages import BusResult
@@ -103,8 +108,12 @@ class DuplexSession:
         self._all_said: list[str] = []  # the response's text
         self._saved = 0  # len(_said) when last saved
         self._agent_samples = 0  # agent audio received, at the link's rate
-        self._to_model = StreamResampler(config.input_sample_rate, link.ready.input_sample_rate)
-        self._to_client = StreamResampler(link.ready.output_sample_rate, config.output_sample_rate)
+        self._to_model = StreamResampler(
+            config.input_sample_rate, link.ready.input_sample_rate, LOW_LATENCY
+        )
+        self._to_client = StreamResampler(
+            link.ready.output_sample_rate, config.output_sample_rate, LOW_LATENCY
+        )
         if config.turn_detection is not None:  # a resumed session's own
             listener.set_turns(*turn_settings(listener.settings, config.turn_detection))
 
@@ -219,9 +228,13 @@ class DuplexSession:
         ready = self.link.ready
         if config.input_sample_rate != self.config.input_sample_rate:
             self.listener.set_input_rate(config.input_sample_rate)
-            self._to_model = StreamResampler(config.input_sample_rate, ready.input_sample_rate)
+            self._to_model = StreamResampler(
+                config.input_sample_rate, ready.input_sample_rate, LOW_LATENCY
+            )
         if config.output_sample_rate != self.config.output_sample_rate:
-            self._to_client = StreamResampler(ready.output_sample_rate, config.output_sample_rate)
+            self._to_client = StreamResampler(
+                ready.output_sample_rate, config.output_sample_rate, LOW_LATENCY
+            )
         if "turn_detection" in patch:
             self.listener.set_turns(*turn_settings(self.listener.settings, config.turn_detection))
         self.config = config
