@@ -56,8 +56,11 @@ WARM_UP_FRAMES = 13  # about one second
 
 
 @contextmanager
-def duplex_stack(max_sessions: int) -> Iterator[dict[str, str]]:
-    """Redis, the duplex service (fake engine) and a duplex-backed gateway; their URLs."""
+def duplex_stack(
+    max_sessions: int, engine: str = "fake", duplex_python: str = sys.executable
+) -> Iterator[dict[str, str]]:
+    """Redis, the duplex service (`engine`, run by `duplex_python`) and a duplex-backed
+    gateway; their URLs."""
     workdir = Path(tempfile.mkdtemp(prefix="va-duplex-bench-"))
     redis_port, duplex_port, gateway_port = free_port(), free_port(), free_port()
     redis = start_redis(redis_port, workdir)
@@ -66,7 +69,8 @@ def duplex_stack(max_sessions: int) -> Iterator[dict[str, str]]:
         "VA_REDIS__URL": f"redis://127.0.0.1:{redis_port}/0",
         "VA_AUTH__REQUIRED": "false",  # loopback only, as `voice-agent up` runs it
         "VA_LOG_LEVEL": "warning",
-        "VA_DUPLEX__ENGINE": "fake",
+        "VA_DUPLEX__ENGINE": engine,
+        "VA_DUPLEX__MOSHI__DEVICE": "cpu",
         "VA_DUPLEX__MAX_SESSIONS": str(max_sessions),
         "VA_DUPLEX__GATHER_MS": "0",
         "VA_GATEWAY__BACKEND": "duplex",
@@ -74,9 +78,10 @@ def duplex_stack(max_sessions: int) -> Iterator[dict[str, str]]:
         "VA_GATEWAY__END_OF_TURN": "silence",
     }
     ports = {"duplex": duplex_port, "gateway": gateway_port}
+    python = {"duplex": duplex_python, "gateway": sys.executable}
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", f"services.{name}.server", "--port", str(port)],
+            [python[name], "-m", f"services.{name}.server", "--port", str(port)],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=open(workdir / f"{name}.log", "wb"),  # noqa: SIM115
@@ -187,9 +192,11 @@ async def _level(urls: dict[str, str], path: str, sessions: int, seconds: float)
     }
 
 
-async def _run(sessions: list[int], seconds: float) -> list[dict[str, Any]]:
+async def _run(
+    sessions: list[int], seconds: float, engine: str, duplex_python: str
+) -> list[dict[str, Any]]:
     levels = []
-    with duplex_stack(max(sessions)) as urls:
+    with duplex_stack(max(sessions), engine, duplex_python) as urls:
         for path in ("direct", "gateway", "gateway_16k_in"):  # warm-up, not reported
             await _level(urls, path, max(sessions), 3.0)
         for n in sessions:
@@ -224,13 +231,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sessions", default="1,5,10,20", help="concurrent sessions per level")
     parser.add_argument("--seconds", type=float, default=15.0, help="audio per session")
+    parser.add_argument("--engine", default="fake", help="the duplex engine (fake: transport)")
+    parser.add_argument(
+        "--duplex-python",
+        default=sys.executable,
+        help="the duplex service's interpreter (.venv-duplex/bin/python for moshi-random)",
+    )
     parser.add_argument("--out", default="benchmarks/results/duplex_gateway_fake.json")
     args = parser.parse_args()
     sessions = [int(n) for n in args.sessions.split(",")]
-    levels = asyncio.run(_run(sessions, args.seconds))
+    levels = asyncio.run(_run(sessions, args.seconds, args.engine, args.duplex_python))
     body = {
         "benchmark": "duplex_gateway",
-        "engine": "fake (echo; transport only)",
+        "engine": args.engine,
         "seconds_per_session": args.seconds,
         "levels": levels,
         "gateway_overhead": _overhead(levels),

@@ -108,6 +108,9 @@ class DuplexSession:
         self._all_said: list[str] = []  # the response's text
         self._saved = 0  # len(_said) when last saved
         self._agent_samples = 0  # agent audio received, at the link's rate
+        ready = link.ready
+        self._frame_bytes = 2 * ready.input_sample_rate * ready.frame_ms // 1000
+        self._unsent = bytearray()  # the user's audio short of a whole model frame
         self._to_model = StreamResampler(
             config.input_sample_rate, link.ready.input_sample_rate, LOW_LATENCY
         )
@@ -198,14 +201,23 @@ class DuplexSession:
             raise FrameTooBig(f"audio frame of {len(pcm)} bytes is longer than 1 s at {rate} Hz")
         await self.meter.add_pcm16(len(pcm), rate)
         if rate == self.link.ready.input_sample_rate:
-            await self.link.send(pcm)
+            await self._to_service(pcm)
         else:
-            resampled = self._to_model.process(pcm16_to_float(pcm))
-            if resampled.size:
-                await self.link.send(float_to_pcm16(resampled))
+            await self._to_service(float_to_pcm16(self._to_model.process(pcm16_to_float(pcm))))
         metrics.DUPLEX_AUDIO.labels("in").inc(len(pcm) / (2 * rate))
         for event in await self.listener.push_batched(pcm):
             await self._on_turn_event(event)
+
+    async def _to_service(self, pcm: bytes) -> None:
+        """Send whole model frames only: the model steps on nothing less, so a client's
+        20 ms frames go as one message per 80 ms at no cost in latency (a quarter of the
+        messages, system calls and wake-ups on both sides)."""
+        self._unsent += pcm
+        whole = len(self._unsent) // self._frame_bytes * self._frame_bytes
+        if whole:
+            chunk = bytes(self._unsent[:whole])
+            del self._unsent[:whole]
+            await self.link.send(chunk)
 
     async def _on_turn_event(self, event: TurnEvent) -> None:
         if isinstance(event, SpeechStart):
