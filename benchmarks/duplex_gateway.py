@@ -14,8 +14,8 @@ staggered starts, over three paths:
   frame to 24 kHz) and 24 kHz output.
 Per model frame (80 ms): the time from sending the client frame that completes model frame
 k to receiving the agent's frame k (the step frame k made; the fake engine's audio in it is
-frame k-1's echo). A resampler's held-back tail (15 ms here, services/common/audio/pcm.py)
-makes a model frame wait for the next client frame: ~20 ms more on the 16 kHz path. The
+frame k-1's echo). On the 16 kHz path the input resampler's 2 ms filter delay makes each
+model frame wait for the next client frame: 20 ms more, by construction. The
 gateway's added latency per frame is a path's p50 minus `direct`'s at the same N. Per
 session: the
 gateway's CPU seconds (its /health `process.cpu_seconds`) over the steady part of the run,

@@ -13,12 +13,11 @@ import asyncio
 from fastapi import WebSocket
 
 from services.common.audio.pcm import (
-    LOW_LATENCY,
-    StreamResampler,
     check_sample_rate,
     float_to_pcm16,
     pcm16_to_float,
 )
+from services.common.audio.polyphase import PolyphaseResampler
 from services.common.auth.credentials import app_subprotocol
 from services.common.auth.guard import meter_of
 from services.common.auth.limits import AudioMeter
@@ -55,7 +54,7 @@ async def _read(
             await channel.send_error(exc)  # one bad message; the session goes on
 
 
-async def _write(channel: Channel, session: DuplexSession, out: StreamResampler) -> None:
+async def _write(channel: Channel, session: DuplexSession, out: PolyphaseResampler) -> None:
     frames = 0
     while True:
         said = await session.said()
@@ -97,7 +96,7 @@ async def serve_pcm_stream(
             )
             await channel.send(ready)
             audio = ClientAudio(input_rate, engine.sample_rate, engine.frame_samples)
-            out = StreamResampler(engine.sample_rate, output_rate, LOW_LATENCY)
+            out = PolyphaseResampler(engine.sample_rate, output_rate)
             try:
                 async with asyncio.TaskGroup() as tasks:
                     tasks.create_task(_write(channel, session, out), name="duplex-out")

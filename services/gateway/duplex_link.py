@@ -59,6 +59,7 @@ class DuplexLink:
                 open_timeout=timeout_s,
                 max_size=max_frame_bytes,
                 compression=None,
+                close_timeout=2,  # a client's close is answered at once, whatever is behind
             )
         except websockets.InvalidStatus as exc:
             raise _refused(exc.response.status_code, exc.response.headers) from None

@@ -20,16 +20,11 @@ resumed session gets its settings back and a fresh model: the model has no memor
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Literal
 
 from services.common.audio.listener import Listener
-from services.common.audio.pcm import (
-    LOW_LATENCY,
-    StreamResampler,
-    float_to_pcm16,
-    pcm16_to_float,
-)
+from services.common.audio.pcm import float_to_pcm16, pcm16_to_float
+from services.common.audio.polyphase import PolyphaseResampler
 from services.common.audio.turns import SpeechEnd, SpeechStart, TurnEvent
 from services.common.auth.limits import AudioMeter
 from services.common.bus.messages import BusResult
@@ -58,6 +53,7 @@ from services.common.protocol.events import (
     SpeechStarted,
     SpeechStopped,
 )
+from services.common.service.ws import Disconnected
 from services.gateway import metrics
 from services.gateway.agent import Turn
 from services.gateway.codec import AudioIn, ClientInput, SessionChannel
@@ -66,9 +62,9 @@ from services.gateway.hearing import new_id, turn_settings
 from services.gateway.settings import GatewaySection
 from services.gateway.store import SessionStore
 
-log = logging.getLogger(__name__)
-
-Status = Literal["completed", "cancelled", "failed"]
+Status = Literal["completed", "failed"]
+"""The session's one response: `completed` when the client closed it or left, `failed`
+when it ended on an error (the duplex service's, mostly)."""
 
 
 class SessionClosed(Exception):
@@ -111,12 +107,8 @@ class DuplexSession:
         ready = link.ready
         self._frame_bytes = 2 * ready.input_sample_rate * ready.frame_ms // 1000
         self._unsent = bytearray()  # the user's audio short of a whole model frame
-        self._to_model = StreamResampler(
-            config.input_sample_rate, link.ready.input_sample_rate, LOW_LATENCY
-        )
-        self._to_client = StreamResampler(
-            link.ready.output_sample_rate, config.output_sample_rate, LOW_LATENCY
-        )
+        self._to_model = PolyphaseResampler(config.input_sample_rate, ready.input_sample_rate)
+        self._to_client = PolyphaseResampler(ready.output_sample_rate, config.output_sample_rate)
         if config.turn_detection is not None:  # a resumed session's own
             listener.set_turns(*turn_settings(listener.settings, config.turn_detection))
 
@@ -135,6 +127,9 @@ class DuplexSession:
         try:
             await self._from_client()
             status = "completed"
+        except Disconnected:
+            status = "completed"  # the client left: the conversation is over
+            raise
         finally:
             for task in helpers:
                 task.cancel()
@@ -240,12 +235,10 @@ class DuplexSession:
         ready = self.link.ready
         if config.input_sample_rate != self.config.input_sample_rate:
             self.listener.set_input_rate(config.input_sample_rate)
-            self._to_model = StreamResampler(
-                config.input_sample_rate, ready.input_sample_rate, LOW_LATENCY
-            )
+            self._to_model = PolyphaseResampler(config.input_sample_rate, ready.input_sample_rate)
         if config.output_sample_rate != self.config.output_sample_rate:
-            self._to_client = StreamResampler(
-                ready.output_sample_rate, config.output_sample_rate, LOW_LATENCY
+            self._to_client = PolyphaseResampler(
+                ready.output_sample_rate, config.output_sample_rate
             )
         if "turn_detection" in patch:
             self.listener.set_turns(*turn_settings(self.listener.settings, config.turn_detection))

@@ -16,6 +16,7 @@ import pytest
 import soxr
 
 from services.common.audio.pcm import float_to_pcm16, pcm16_to_float
+from services.common.audio.polyphase import PolyphaseResampler
 from services.gateway.app import create_app as gateway_app
 from services.gateway.settings import GatewaySection, GatewaySettings
 from services.ops.redis_server import free_port
@@ -60,9 +61,9 @@ async def test_stream_hears_the_echo_its_text_and_its_own_vad(stack: DuplexStack
         pcm = _speech(24000)
         frames = len(pcm) // 2 // FRAME_24K
         await stream(client.ws, pcm, 24000)
-        # every whole model frame comes back (at 16 kHz: 1280 samples each), but for what
-        # the output resampler holds back (about 27 ms here)
-        await client.until(lambda: client.samples().size >= (frames - 1) * 1280)
+        # every whole model frame comes back at once (at 16 kHz: 1280 samples each): the
+        # gateway's resampler holds nothing back
+        await client.until(lambda: client.samples().size >= frames * 1280 - 1)
         await client.send({"type": "session.close"})
         done = await client.event("response.done")
         await client.until(lambda: client.ws.close_code is not None)
@@ -90,7 +91,8 @@ async def test_stream_hears_the_echo_its_text_and_its_own_vad(stack: DuplexStack
     sent = soxr.resample(pcm16_to_float(pcm), 24000, 16000)
     heard = pcm16_to_float(bytes(client.audio))
     lag, gain, correlation = lag_and_gain(sent, heard, 1280 + 400)
-    assert lag == pytest.approx(1280, abs=32)  # 80 ms, give or take the resamplers (2 ms)
+    filter_delay = PolyphaseResampler(24000, 16000).delay_ms * 16  # in samples at 16 kHz
+    assert lag == pytest.approx(1280 + filter_delay, abs=2)  # 80 ms and the filter's 2 ms
     assert gain == pytest.approx(0.5, abs=0.03)
     assert correlation > 0.99
     assert np.abs(heard[:1200]).max() < 0.01  # the first frame is the echo of nothing

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from services.common.audio import pcm as audio
-from services.common.audio.pcm import LOW_LATENCY, Quality, StreamResampler
 from services.common.errors import InvalidAudio, UnsupportedSampleRate
 
 
@@ -104,25 +103,3 @@ def test_speech_ends_after_the_last_loud_sample() -> None:
     assert trailing_silence_s(clip, 16000) == pytest.approx(1.0)
     assert trailing_silence_s(speech, 16000) == 0.0
     assert trailing_silence_s(np.zeros(3200, np.float32), 16000) == pytest.approx(0.2)
-
-
-def test_the_low_latency_resampler_holds_back_less_of_a_stream() -> None:
-    """What a stream resampler has not given out yet is latency (it comes with the next
-    frame): HQ holds back ~21 ms between 16 and 24 kHz, LOW_LATENCY (MQ) ~15 ms, with the
-    same passband."""
-
-    def held_back_ms(quality: Quality) -> float:
-        stream = StreamResampler(16000, 24000, quality)
-        out = sum(stream.process(np.zeros(320, np.float32)).size for _ in range(50))
-        return (24000 - out) / 24
-
-    assert 19 < held_back_ms("HQ") < 23
-    assert 13 < held_back_ms(LOW_LATENCY) < 17
-    rng = np.random.default_rng(3)
-    noise = rng.normal(0, 0.1, 16000 * 4).astype(np.float32)
-    hq = StreamResampler(16000, 24000).process(noise, last=True)
-    mq = StreamResampler(16000, 24000, LOW_LATENCY).process(noise, last=True)
-    spectra = [np.abs(np.fft.rfft(x)) for x in (hq, mq)]
-    freqs = np.fft.rfftfreq(hq.size, 1 / 24000)
-    band = (freqs > 6000) & (freqs < 7400)  # high speech band, kept by both
-    assert np.mean(spectra[1][band]) / np.mean(spectra[0][band]) > 0.95

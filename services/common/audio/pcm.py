@@ -65,24 +65,20 @@ def resample(audio: AudioF32, src_rate: int, dst_rate: int) -> AudioF32:
     return np.asarray(out, dtype=np.float32)
 
 
-Quality = Literal["HQ", "MQ", "LQ"]
-LOW_LATENCY: Final[Quality] = "MQ"
-"""Where every millisecond counts (full duplex): soxr's medium quality keeps the passband of
-its high quality (flat to ~7.5 kHz between 16 and 24 kHz) and holds back 15 ms of a stream
-where HQ holds back 21 ms (`LQ`: 6 ms, but it rolls off from ~6 kHz). A stream's held-back
-tail is latency: it comes out only with the next frame."""
-
-
 class StreamResampler:
-    """Resamples a stream frame by frame with state, so joins between frames are clean."""
+    """Resamples a stream frame by frame with state, so joins between frames are clean.
 
-    def __init__(self, src_rate: int, dst_rate: int, quality: Quality = "HQ") -> None:
+    soxr hands its output out in blocks: fed 20 ms at a time it holds back up to ~37 ms of
+    the stream (16 to 24 kHz). Where that latency matters, `polyphase.PolyphaseResampler`
+    holds back nothing beyond its filter's 1-4 ms."""
+
+    def __init__(self, src_rate: int, dst_rate: int) -> None:
         self.src_rate = src_rate
         self.dst_rate = dst_rate
         self._stream = (
             None
             if src_rate == dst_rate
-            else soxr.ResampleStream(src_rate, dst_rate, 1, dtype="float32", quality=quality)
+            else soxr.ResampleStream(src_rate, dst_rate, 1, dtype="float32", quality="HQ")
         )
 
     def process(self, audio: AudioF32, last: bool = False) -> AudioF32:
