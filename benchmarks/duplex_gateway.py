@@ -14,11 +14,10 @@ staggered starts, over three paths:
   frame to 24 kHz) and 24 kHz output.
 Per model frame (80 ms): the time from sending the client frame that completes model frame
 k to receiving the agent's frame k (the step frame k made; the fake engine's audio in it is
-frame k-1's echo). On the 16 kHz path the input resampler's 2 ms filter delay makes each
-model frame wait for the next client frame: 20 ms more, by construction. The
-gateway's added latency per frame is a path's p50 minus `direct`'s at the same N. Per
-session: the
-gateway's CPU seconds (its /health `process.cpu_seconds`) over the steady part of the run,
+frame k-1's echo). On the 16 kHz path the gateway resamples each frame (its filter
+delays the sound by 2 ms; every model frame is still complete with its last client frame).
+The gateway's added latency per frame is a path's p50 minus `direct`'s at the same N.
+Per session: the gateway's CPU seconds (its /health `process.cpu_seconds`) over the run,
 divided by sessions × seconds: the share of one core a duplex session costs the gateway
 (VAD included). Every path runs once at the largest N before anything is measured (the
 first sessions of a fresh process are slower), and the first second of every session is

@@ -141,6 +141,7 @@ def create_app(
             "vad_batch_mean": mean,
             "end_of_turn": end_of_turn.name,
             "admission": admission.reading(len(sessions)).model_dump(),
+            "backend": section.backend,
         }
 
     state.extra = extra

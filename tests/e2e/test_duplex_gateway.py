@@ -259,3 +259,23 @@ async def test_a_duplex_service_going_away_ends_the_session_clearly(
     assert error["code"] == "duplex_unavailable" and error["fatal"] is True
     assert "ended the session (close 1012" in error["message"]
     assert [e["type"] for e in client.events][-2:] == ["response.done", "error"]
+
+
+async def test_a_drain_closes_duplex_sessions_with_1012_and_frees_their_slots(
+    redis_server: RedisProc,
+) -> None:
+    with duplex_stack(redis_server.settings()) as stack:
+        async with session(stack.stream_url) as client:
+            await client.event("response.created")
+            await stream(client.ws, float_to_pcm16(np.full(FRAME_24K * 2, 0.1, np.float32)), 24000)
+            await client.until(lambda: client.samples().size > 0)
+            async with httpx.AsyncClient(base_url=stack.gateway.http, timeout=30) as http:
+                drained = await http.post("/admin/drain", params={"grace_s": 0, "wait_s": 10})
+                refused = await http.get("/ready")
+            await client.until(lambda: client.ws.close_code is not None)
+        assert drained.json()["closed_1012"] == 1 and drained.json()["remaining"] == 0
+        assert refused.status_code == 503
+        assert client.ws.close_code == 1012
+        async with asyncio.timeout(10):
+            while _duplex_sessions(stack):
+                await asyncio.sleep(0.02)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import numpy as np
 from websockets.asyncio.client import connect
 
@@ -40,6 +41,7 @@ async def test_up_starts_the_duplex_service_behind_the_gateway(
     try:
         urls = {"gateway": f"http://127.0.0.1:{gateway}", "duplex": f"http://127.0.0.1:{duplex}"}
         wait_ready(urls, [up], 120)
+        assert httpx.get(f"{urls['gateway']}/health", timeout=10).json()["backend"] == "duplex"
         async with connect(f"ws://127.0.0.1:{gateway}/v1/stream") as ws:
             created = json.loads(await ws.recv())
             assert created["type"] == "session.created"
