@@ -237,6 +237,7 @@ def main() -> None:
         help="the duplex service's interpreter (.venv-duplex/bin/python for moshi-random)",
     )
     parser.add_argument("--out", default="benchmarks/results/duplex_gateway_fake.json")
+    parser.add_argument("--note", default="", help="what to know about the machine and run")
     args = parser.parse_args()
     sessions = [int(n) for n in args.sessions.split(",")]
     levels = asyncio.run(_run(sessions, args.seconds, args.engine, args.duplex_python))
@@ -244,6 +245,7 @@ def main() -> None:
         "benchmark": "duplex_gateway",
         "engine": args.engine,
         "seconds_per_session": args.seconds,
+        "note": args.note,
         "levels": levels,
         "gateway_overhead": _overhead(levels),
     }

@@ -37,12 +37,9 @@ from services.common.errors import (
 )
 from services.common.protocol.duplex import TextDelta
 from services.common.protocol.events import (
-    ConversationText,
     InputAudioClear,
     InputAudioCommit,
     ResponseAudioDone,
-    ResponseCancel,
-    ResponseCreate,
     ResponseCreated,
     ResponseDone,
     ResponseTextDelta,
@@ -178,13 +175,13 @@ class DuplexSession:
             case InputAudioClear():
                 self.listener.clear()
                 self.utterance_id = None
-            case ConversationText() | ResponseCreate() | ResponseCancel():
+            case SessionClose():
+                raise SessionClosed
+            case _:  # response.create, conversation.text, response.cancel, and the like
                 raise NotSupported(
                     f"{item.type} is not supported by the duplex backend: the model hears "
                     "and answers by itself, all the time (docs/duplex.md)"
                 )
-            case SessionClose():
-                raise SessionClosed
 
     async def _hear(self, pcm: bytes) -> None:
         """One frame of the user's audio: to the model first, then to the VAD. Checked
