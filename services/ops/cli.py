@@ -35,7 +35,6 @@ import httpx
 
 from services.common.auth.credentials import is_loopback
 from services.common.platform.extras import MissingExtra
-from services.gateway.settings import GatewaySettings
 from services.loadtest.cli import add_loadtest_command
 from services.ops.doctor import add_parser as add_doctor_command
 from services.ops.healthcheck import add_parser as add_healthcheck_arguments
@@ -43,7 +42,7 @@ from services.ops.healthcheck import run as healthcheck_run
 from services.ops.keys import add_keys_command
 from services.ops.models import add_models_command
 from services.ops.redis_server import reachable, start_redis
-from services.ops.registry import SERVICES, STACK, Service, load_settings, server_section
+from services.ops.registry import SERVICES, load_settings, server_section, up_services
 from services.plan.cli import add_plan_command
 
 STARTUP_TIMEOUT_S = 120.0
@@ -77,15 +76,6 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _stack() -> dict[str, Service]:
-    """The services `up` starts: the cascade's (ASR, TTS, gateway), or the duplex service and
-    a gateway in front of it when the gateway's backend is `duplex` (VA_PROFILE=duplex)."""
-    gateway = load_settings("gateway")
-    if isinstance(gateway, GatewaySettings) and gateway.gateway.backend == "duplex":
-        return {"duplex": SERVICES["duplex"], "gateway": SERVICES["gateway"]}
-    return STACK
-
-
 def _python(service: str) -> str:
     """The interpreter a service runs on: the duplex service's own environment (torch) when
     there is one (`make install-duplex`), else this one (enough for its `fake` engine; the
@@ -97,7 +87,7 @@ def _python(service: str) -> str:
 def _service_urls() -> dict[str, str]:
     """Each service's base URL, from its settings (`VA_<SERVICE>__SERVER__PORT`, ...)."""
     urls = {}
-    for name in _stack():
+    for name in up_services():
         server = server_section(load_settings(name), name)
         host = "127.0.0.1" if server.host in ("0.0.0.0", "::") else server.host
         urls[name] = f"http://{host}:{server.port}"
@@ -108,7 +98,7 @@ def _service_env() -> dict[str, str]:
     """The services' environment: authentication off when every service binds loopback
     and the setting is not given (`make run` on a laptop needs no key), else as set."""
     env = dict(os.environ)
-    hosts = [server_section(load_settings(name), name).host for name in _stack()]
+    hosts = [server_section(load_settings(name), name).host for name in up_services()]
     if "VA_AUTH__REQUIRED" not in env and all(is_loopback(host) for host in hosts):
         env["VA_AUTH__REQUIRED"] = "false"
         print(
@@ -133,7 +123,7 @@ def up(args: argparse.Namespace) -> None:
         port = int(settings.redis.url.rsplit(":", 1)[-1].split("/")[0] or 6379)
         print(f"no Redis at {settings.redis.url}: starting one on port {port}", flush=True)
         procs.append(start_redis(port, Path(args.state_dir) / "redis"))
-    stack = _stack()
+    stack = up_services()
     urls = _service_urls()
     env = _service_env()
     try:
