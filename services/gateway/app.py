@@ -335,7 +335,7 @@ def create_app(
         ]
         return {"agents": listed, "default": chosen.agent, "notice": chosen.notice}
 
-    app.include_router(static_router(section))
+    app.include_router(static_router(section, keys))
 
     app.state.sessions = sessions
     # SIGTERM runs it before uvicorn's own shutdown (services/common/service/server.py)
