@@ -31,7 +31,7 @@ from services.gateway.admission import Admission
 from services.gateway.agent import AGENTS, Agent, AgentContext, Turn, can_prepare, load_agents
 from services.gateway.bus import GatewayBus
 from services.gateway.codec import Codec, NativeCodec, SessionChannel
-from services.gateway.drain import CLOSE_WAIT_S, Drainer, turn_in_flight
+from services.gateway.drain import CLOSE_WAIT_S, Drainer
 from services.gateway.duplex_session import DuplexSession, open_duplex_session
 from services.gateway.handshake import read_handshake
 from services.gateway.hearing import new_id
@@ -151,12 +151,7 @@ def create_app(
     async def save(session: Session | DuplexSession) -> None:
         await store.save(session.config, session.history, session.tenant)
 
-    def busy(session: Session | DuplexSession) -> bool:
-        if isinstance(session, DuplexSession):
-            return session.user_speaking
-        return turn_in_flight(session)
-
-    drainer = Drainer(sessions, state, busy=busy, save=save)
+    drainer = Drainer(sessions, state, busy=lambda session: session.busy(), save=save)
 
     def deliver(result: BusResult, audio: bytes | None) -> None:
         session = sessions.get(result.session_id)

@@ -136,11 +136,10 @@ class DuplexSession:
             await self._end_response(status)
         await self.channel.close(1000, "session closed")
 
-    @property
-    def user_speaking(self) -> bool:
-        """Whether the user is in the middle of saying something (the gateway's VAD has an
-        utterance open): a drain lets them finish before it closes the session (1012). The
-        agent's speech never ends by itself in full duplex: it is not waited for."""
+    def busy(self) -> bool:
+        """Whether closing the session now would cut the user off (the gateway's VAD has an
+        utterance open): a drain lets them finish before it closes it (1012). The agent's
+        speech never ends by itself in full duplex: it is not waited for."""
         return self.utterance_id is not None
 
     def deliver(self, result: BusResult, audio: bytes | None) -> None:
