@@ -88,6 +88,23 @@ class TtsUnavailable(VoiceAgentError):
     http_status = 503
 
 
+class DuplexUnavailable(VoiceAgentError):
+    """The full-duplex service behind the gateway cannot be reached, refused the gateway,
+    or ended the session (close 1011: reconnect, with `?session_id=` to resume)."""
+
+    code = "duplex_unavailable"
+    http_status = 503
+    fatal = True
+
+
+class NotSupported(VoiceAgentError):
+    """A request this session's backend does not do (the full-duplex model answers by
+    itself: no `response.create`, no typed turns); the session goes on."""
+
+    code = "not_supported"
+    http_status = 400
+
+
 class UnknownVoice(VoiceAgentError):
     """A voice name the TTS engine does not know."""
 

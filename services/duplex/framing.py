@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from services.common.audio.pcm import AudioF32, StreamResampler
+from services.common.audio.pcm import AudioF32
+from services.common.audio.polyphase import PolyphaseResampler
 
 
 class FrameAssembler:
@@ -32,7 +33,7 @@ class ClientAudio:
     """A client's input: its rate resampled to the model's, cut into model frames."""
 
     def __init__(self, client_rate: int, model_rate: int, frame_samples: int) -> None:
-        self._resampler = StreamResampler(client_rate, model_rate)
+        self._resampler = PolyphaseResampler(client_rate, model_rate)
         self._frames = FrameAssembler(frame_samples)
 
     def push(self, audio: AudioF32) -> list[AudioF32]:

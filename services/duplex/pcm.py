@@ -13,18 +13,18 @@ import asyncio
 from fastapi import WebSocket
 
 from services.common.audio.pcm import (
-    StreamResampler,
     check_sample_rate,
     float_to_pcm16,
     pcm16_to_float,
 )
+from services.common.audio.polyphase import PolyphaseResampler
 from services.common.auth.credentials import app_subprotocol
 from services.common.auth.guard import meter_of
 from services.common.auth.limits import AudioMeter
 from services.common.errors import CapacityError, UnsupportedSampleRate, VoiceAgentError
+from services.common.protocol.duplex import DuplexReady, TextDelta, parse_client
 from services.common.service.routes import ServiceState
 from services.common.service.ws import Channel, Disconnected
-from services.duplex.events import DuplexReady, TextDelta, parse_client
 from services.duplex.framing import ClientAudio
 from services.duplex.session import DuplexSession, held_slot
 from services.duplex.stepper import Stepper
@@ -54,7 +54,7 @@ async def _read(
             await channel.send_error(exc)  # one bad message; the session goes on
 
 
-async def _write(channel: Channel, session: DuplexSession, out: StreamResampler) -> None:
+async def _write(channel: Channel, session: DuplexSession, out: PolyphaseResampler) -> None:
     frames = 0
     while True:
         said = await session.said()
@@ -96,7 +96,7 @@ async def serve_pcm_stream(
             )
             await channel.send(ready)
             audio = ClientAudio(input_rate, engine.sample_rate, engine.frame_samples)
-            out = StreamResampler(engine.sample_rate, output_rate)
+            out = PolyphaseResampler(engine.sample_rate, output_rate)
             try:
                 async with asyncio.TaskGroup() as tasks:
                     tasks.create_task(_write(channel, session, out), name="duplex-out")

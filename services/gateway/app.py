@@ -17,6 +17,7 @@ from services.common.audio.listener import HearingBatcher, Listener
 from services.common.audio.vad import SileroVad
 from services.common.auth.credentials import app_subprotocol, is_loopback
 from services.common.auth.guard import meter_of, principal_of, refuse_handshake
+from services.common.auth.relay import relay_headers
 from services.common.auth.tokens_api import install_auth
 from services.common.bus.connection import connect
 from services.common.bus.messages import BusResult
@@ -30,7 +31,8 @@ from services.gateway.admission import Admission
 from services.gateway.agent import AGENTS, Agent, AgentContext, Turn, can_prepare, load_agents
 from services.gateway.bus import GatewayBus
 from services.gateway.codec import Codec, NativeCodec, SessionChannel
-from services.gateway.drain import CLOSE_WAIT_S, Drainer, turn_in_flight
+from services.gateway.drain import CLOSE_WAIT_S, Drainer
+from services.gateway.duplex_session import DuplexSession, open_duplex_session
 from services.gateway.handshake import read_handshake
 from services.gateway.hearing import new_id
 from services.gateway.llm import LlmEndpoint, OpenAiAgent
@@ -114,7 +116,7 @@ def create_app(
     gateway_id = section.gateway_id or f"gw-{uuid.uuid4().hex[:12]}"
     redis = connect(settings.redis)
     bus = GatewayBus(redis, settings.redis, gateway_id)
-    sessions: dict[str, Session] = {}
+    sessions: dict[str, Session | DuplexSession] = {}
     store = SessionStore(redis, settings.redis.prefix, section.resume_window_s, settings.redis)
     admission = admission or Admission(section.admission, section.max_sessions)
     services = SessionServices(
@@ -139,16 +141,17 @@ def create_app(
             "vad_batch_mean": mean,
             "end_of_turn": end_of_turn.name,
             "admission": admission.reading(len(sessions)).model_dump(),
+            "backend": section.backend,
         }
 
     state.extra = extra
     state.timings = {"hearing": metrics.HEARING, "results": metrics.RESULTS_WAIT}
     background = Background()
 
-    async def save(session: Session) -> None:
+    async def save(session: Session | DuplexSession) -> None:
         await store.save(session.config, session.history, session.tenant)
 
-    drainer = Drainer(sessions, state, busy=turn_in_flight, save=save)
+    drainer = Drainer(sessions, state, busy=lambda session: session.busy(), save=save)
 
     def deliver(result: BusResult, audio: bytes | None) -> None:
         session = sessions.get(result.session_id)
@@ -183,7 +186,7 @@ def create_app(
 
     app = FastAPI(title="voice-agent gateway", lifespan=lifespan)
     install_ops(app, state)
-    install_auth(app, settings.auth, redis, settings.redis.prefix, "gateway")
+    keys = install_auth(app, settings.auth, redis, settings.redis.prefix, "gateway", False)
 
     @app.post("/admin/drain")
     async def drain(
@@ -253,16 +256,7 @@ def create_app(
         metrics.SESSIONS.inc()
         try:
             async with asyncio.TaskGroup() as tasks:
-                session = Session(
-                    config,
-                    channel,
-                    listener,
-                    services,
-                    tasks,
-                    tenant=principal.tenant,
-                    meter=meter_of(ws),
-                    history=history,
-                )
+                session = await new_session(ws, config, channel, listener, tasks, history)
                 sessions[config.id] = session
                 drainer.opened()
                 notice = chosen.notice if config.agent == chosen.agent else None
@@ -282,6 +276,34 @@ def create_app(
             drainer.closed()
             metrics.SESSIONS.dec()
             state.connection_closed()
+
+    async def new_session(
+        ws: WebSocket,
+        config: SessionConfig,
+        channel: SessionChannel,
+        listener: Listener,
+        tasks: asyncio.TaskGroup,
+        history: list[Turn],
+    ) -> Session | DuplexSession:
+        """The session of the configured backend (a duplex one holds its slot already)."""
+        tenant, meter = principal_of(ws).tenant, meter_of(ws)
+        if section.backend == "duplex":
+            headers = await relay_headers(ws, keys)
+            return await open_duplex_session(
+                config,
+                channel,
+                listener,
+                section,
+                store,
+                tasks,
+                headers,
+                tenant=tenant,
+                meter=meter,
+                history=history,
+            )
+        return Session(
+            config, channel, listener, services, tasks, tenant=tenant, meter=meter, history=history
+        )
 
     @app.websocket("/v1/stream")
     async def stream(ws: WebSocket, session_id: str | None = Query(None, max_length=64)) -> None:
@@ -308,7 +330,7 @@ def create_app(
         ]
         return {"agents": listed, "default": chosen.agent, "notice": chosen.notice}
 
-    app.include_router(static_router(section))
+    app.include_router(static_router(section, keys))
 
     app.state.sessions = sessions
     # SIGTERM runs it before uvicorn's own shutdown (services/common/service/server.py)

@@ -56,6 +56,11 @@ RESPONSES = Counter("va_gateway_responses_total", "Responses ended, by status.",
 STALE_DROPPED = Counter(
     "va_gateway_stale_results_total", "Bus results dropped as stale or repeated.", ["kind"]
 )
+DUPLEX_AUDIO = Counter(
+    "va_gateway_duplex_audio_seconds_total",
+    "Audio carried between clients and the full-duplex service (backend duplex), by direction.",
+    ["direction"],
+)
 HEARING = RecentSamples()
 """Audio frame received → its VAD result (the wait for a batched VAD call included)."""
 RESULTS_WAIT = RecentSamples()

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from services.common.audio.vad import VadSettings
+from services.common.service.profiles import with_defaults
 from services.common.service.settings import BaseServiceSettings, ServerSettings
 from services.gateway.admission import AdmissionSettings
 from services.gateway.llm import LlmSettings
@@ -23,6 +24,19 @@ class GatewaySection(BaseModel):
     """Where the gateway listens."""
     gateway_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
     """This process's id on the bus (results come back to it); random when unset."""
+    backend: Literal["cascade", "duplex"] = "cascade"
+    """What answers `/v1/stream` and `/v1/realtime`: `cascade` (the gateway's VAD and turns,
+    ASR, the agent and TTS through Redis) or `duplex` (the full-duplex service at
+    `duplex_url`, one connection per session; docs/duplex.md). The `duplex` profile sets it."""
+    duplex_url: str = Field(
+        default="ws://127.0.0.1:8003", pattern=r"^wss?://[^\s/?#]+(/[^\s?#]*)?$", max_length=2048
+    )
+    """The duplex service's WebSocket address (`backend: duplex`); sessions connect to
+    `<duplex_url>/v1/stream/duplex`."""
+    duplex_open_timeout_s: float = Field(default=10.0, ge=0.5, le=300)
+    """A duplex service that has not admitted a session after this long is unavailable."""
+    duplex_history_interval_s: float = Field(default=5.0, ge=0.5, le=3600)
+    """A duplex session's agent text so far is saved this often (for resume)."""
     max_sessions: int = Field(default=200, ge=1, le=100_000)
     """Sessions this process admits at most; more are refused with close 1013 and a retry
     hint (the hard cap: `admission` refuses sooner when voice-to-voice says so)."""
@@ -172,3 +186,10 @@ class GatewaySettings(BaseServiceSettings):
     def agent_plugins(self) -> list[str]:
         """`gateway.agents` as a list of `module:factory` entries."""
         return [spec.strip() for spec in self.gateway.agents.split(",") if spec.strip()]
+
+    @model_validator(mode="after")
+    def _apply_profile(self) -> GatewaySettings:
+        """`duplex`: sessions answered by the full-duplex service, unless set explicitly."""
+        if self.profile == "duplex":
+            self.gateway = with_defaults(self.gateway, {"backend": "duplex"})
+        return self

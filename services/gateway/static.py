@@ -1,8 +1,10 @@
 """The browser client at `/` (files in `static/`, no build step) and `GET /v1/voices`.
 
 The page lists voices from the gateway's own origin: `GET /v1/voices` here is the TTS
-service's list, fetched from `tts_url` (the gateway never imports the TTS service) with the
-caller's own credential, so the TTS service checks it too and lists that tenant's voices.
+service's list, fetched from `tts_url` (the gateway never imports the TTS service) on the
+caller's behalf with a relay token (services/common/auth/relay.py, as the duplex backend's
+sessions): the TTS service checks it too and lists that tenant's voices, without counting
+the request a second time against the tenant's limits.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.routing import Mount
 
-from services.common.auth.credentials import credential
-from services.common.auth.guard import principal_of
+from services.common.auth.api_keys import KeyStore
+from services.common.auth.relay import relay_headers
 from services.common.errors import TtsUnavailable
 from services.gateway.settings import GatewaySection
 
@@ -31,8 +33,8 @@ _HEADERS = {
 }
 
 
-def static_router(section: GatewaySection) -> APIRouter:
-    """Routes of the browser page and the voice list."""
+def static_router(section: GatewaySection, keys: KeyStore) -> APIRouter:
+    """Routes of the browser page and the voice list (`keys` signs its relay tokens)."""
     router = APIRouter()
 
     if section.web_client:
@@ -54,7 +56,7 @@ def static_router(section: GatewaySection) -> APIRouter:
         url = f"{section.tts_url.rstrip('/')}/v1/voices"
         try:
             async with httpx.AsyncClient(timeout=5.0) as client:
-                response = await client.get(url, headers=_forwarded(request))
+                response = await client.get(url, headers=await relay_headers(request, keys))
             if response.status_code in _CALLERS_ERRORS:  # the caller's, not the service's
                 return JSONResponse(response.json(), response.status_code, _retry(response))
             response.raise_for_status()
@@ -70,15 +72,6 @@ def static_router(section: GatewaySection) -> APIRouter:
 
 _CALLERS_ERRORS = frozenset({401, 403, 429})
 """TTS answers about the caller's credential or limits, passed on as they are."""
-
-
-def _forwarded(request: Request) -> dict[str, str]:
-    """The credential the gateway's auth guard admitted this request with (none when
-    authentication is off): the TTS service checks it again and answers for its tenant."""
-    if principal_of(request).kind == "anonymous":
-        return {}
-    found = credential(request.scope)
-    return {} if found is None else {"Authorization": f"Bearer {found}"}
 
 
 def _retry(response: httpx.Response) -> dict[str, str] | None:

@@ -1,6 +1,7 @@
 """`voice-agent`: one command line over every service and operator tool.
 
 voice-agent up                       Redis (if none) + ASR + TTS + gateway, until Ctrl-C
+                                     (VA_PROFILE=duplex: + the duplex service + gateway)
 voice-agent asr|tts|gateway [--port] one service
 voice-agent duplex [--port]          the full-duplex (Moshi) service, from .venv-duplex
 voice-agent client --wav FILE        talk to the agent with a wav file
@@ -41,7 +42,7 @@ from services.ops.healthcheck import run as healthcheck_run
 from services.ops.keys import add_keys_command
 from services.ops.models import add_models_command
 from services.ops.redis_server import reachable, start_redis
-from services.ops.registry import SERVICES, STACK, load_settings, server_section
+from services.ops.registry import SERVICES, load_settings, server_section, up_services
 from services.plan.cli import add_plan_command
 
 STARTUP_TIMEOUT_S = 120.0
@@ -75,10 +76,18 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def _python(service: str) -> str:
+    """The interpreter a service runs on: the duplex service's own environment (torch) when
+    there is one (`make install-duplex`), else this one (enough for its `fake` engine; the
+    moshi engines then fail at start-up naming the install)."""
+    own = Path(os.environ.get("VENV_DUPLEX", ".venv-duplex")) / "bin" / "python"
+    return str(own) if service == "duplex" and own.exists() else sys.executable
+
+
 def _service_urls() -> dict[str, str]:
     """Each service's base URL, from its settings (`VA_<SERVICE>__SERVER__PORT`, ...)."""
     urls = {}
-    for name in STACK:
+    for name in up_services():
         server = server_section(load_settings(name), name)
         host = "127.0.0.1" if server.host in ("0.0.0.0", "::") else server.host
         urls[name] = f"http://{host}:{server.port}"
@@ -89,7 +98,7 @@ def _service_env() -> dict[str, str]:
     """The services' environment: authentication off when every service binds loopback
     and the setting is not given (`make run` on a laptop needs no key), else as set."""
     env = dict(os.environ)
-    hosts = [server_section(load_settings(name), name).host for name in STACK]
+    hosts = [server_section(load_settings(name), name).host for name in up_services()]
     if "VA_AUTH__REQUIRED" not in env and all(is_loopback(host) for host in hosts):
         env["VA_AUTH__REQUIRED"] = "false"
         print(
@@ -114,25 +123,18 @@ def up(args: argparse.Namespace) -> None:
         port = int(settings.redis.url.rsplit(":", 1)[-1].split("/")[0] or 6379)
         print(f"no Redis at {settings.redis.url}: starting one on port {port}", flush=True)
         procs.append(start_redis(port, Path(args.state_dir) / "redis"))
+    stack = up_services()
     urls = _service_urls()
     env = _service_env()
     try:
-        # the gateway lists this TTS service's voices (the browser page's picker)
-        env = {"VA_GATEWAY__TTS_URL": urls["tts"], **env}
-        for name in STACK:
-            procs.append(subprocess.Popen([sys.executable, "-m", STACK[name].module], env=env))
-        wait_ready(urls, procs[-len(STACK) :], STARTUP_TIMEOUT_S)
-        agent = urls["gateway"].replace("http://", "ws://") + "/v1/stream"
-        print(
-            "\nvoice-agent is up:\n"
-            f"  browser    {urls['gateway']}/  (talk to the agent from this page)\n"
-            f"  agent      {agent}  (OpenAI Realtime API: {agent[: -len('/stream')]}/realtime)\n"
-            f"  ASR        {urls['asr']}  (POST /v1/audio/transcriptions, WS /v1/stream/asr)\n"
-            f"  TTS        {urls['tts']}  (POST /v1/audio/speech, WS /v1/stream/tts)\n"
-            f"  try:       voice-agent client --wav your.wav --url {agent}\n"
-            "  Ctrl-C stops everything.",
-            flush=True,
-        )
+        if "tts" in urls:  # the gateway lists this TTS service's voices (the page's picker)
+            env = {"VA_GATEWAY__TTS_URL": urls["tts"], **env}
+        if "duplex" in urls:  # the gateway's sessions are this duplex service's
+            env = {"VA_GATEWAY__DUPLEX_URL": urls["duplex"].replace("http://", "ws://"), **env}
+        for name, service in stack.items():
+            procs.append(subprocess.Popen([_python(name), "-m", service.module], env=env))
+        wait_ready(urls, procs[-len(stack) :], STARTUP_TIMEOUT_S)
+        print(_where(urls), flush=True)
         while all(proc.poll() is None for proc in procs):
             time.sleep(0.5)
         failed = next(proc for proc in procs if proc.poll() is not None)
@@ -141,6 +143,27 @@ def up(args: argparse.Namespace) -> None:
         pass
     finally:
         _stop(procs)
+
+
+def _where(urls: dict[str, str]) -> str:
+    """What `up` tells the operator once everything answers."""
+    agent = urls["gateway"].replace("http://", "ws://") + "/v1/stream"
+    lines = [
+        "\nvoice-agent is up:",
+        f"  browser    {urls['gateway']}/  (talk to the agent from this page)",
+        f"  agent      {agent}  (OpenAI Realtime API: {agent[: -len('/stream')]}/realtime)",
+    ]
+    if "asr" in urls:
+        lines.append(
+            f"  ASR        {urls['asr']}  (POST /v1/audio/transcriptions, WS /v1/stream/asr)"
+        )
+    if "tts" in urls:
+        lines.append(f"  TTS        {urls['tts']}  (POST /v1/audio/speech, WS /v1/stream/tts)")
+    if "duplex" in urls:
+        lines.append(f"  duplex     {urls['duplex']}  (full duplex behind the agent; WS /api/chat)")
+    lines.append(f"  try:       voice-agent client --wav your.wav --url {agent}")
+    lines.append("  Ctrl-C stops everything.")
+    return "\n".join(lines)
 
 
 def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
@@ -205,7 +228,9 @@ def parser() -> argparse.ArgumentParser:
     """The whole command line."""
     top = argparse.ArgumentParser(prog="voice-agent", description=__doc__.split("\n")[0])
     sub = top.add_subparsers(dest="command", required=True)
-    p_up = sub.add_parser("up", help="start Redis (if none), ASR, TTS and the gateway")
+    p_up = sub.add_parser(
+        "up", help="start Redis (if none), ASR, TTS and the gateway (or duplex and the gateway)"
+    )
     p_up.add_argument("--state-dir", default="var", help="where a started Redis keeps its files")
     p_up.set_defaults(func=up)
     for service in SERVICES:

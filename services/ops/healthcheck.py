@@ -6,7 +6,8 @@ command, so the check reads that command from the container's first process
 (`/proc/1/cmdline`: `voice-agent gateway --port 9000`, also behind an init such as
 `catatonit -- voice-agent asr`), and the port from `--port` there or from the service's
 settings (`VA_GATEWAY__SERVER__PORT`, ...), which the check inherits from the container's
-environment. `voice-agent up` counts as ready when its three services are. `--service` and
+environment. `voice-agent up` counts as ready when its services are (the cascade's three, or
+the duplex service and the gateway). `--service` and
 `--url` say it outright where there is no such process to read.
 
 Kept light (the standard library's HTTP client, no CLI tree): Docker and podman run it every
@@ -23,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
-from services.ops.registry import SERVICES, STACK, load_settings, server_section
+from services.ops.registry import SERVICES, load_settings, server_section, up_services
 
 CMDLINE: Final = Path("/proc/1/cmdline")
 WILDCARD: Final = frozenset({"0.0.0.0", "::", ""})
@@ -85,7 +86,7 @@ def targets(service: str | None, url: str | None, cmdline: Path = CMDLINE) -> li
     else:
         args = []
     if service == "up":
-        return [ready_url(name) for name in STACK]
+        return [ready_url(name) for name in up_services()]
     if service not in SERVICES:
         raise HealthcheckError(f"unknown service {service!r}: one of {', '.join(SERVICES)}")
     return [ready_url(service, args)]

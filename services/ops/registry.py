@@ -40,7 +40,16 @@ SERVICES: dict[str, Service] = {
     "duplex": Service("duplex", DuplexSettings, "duplex", in_stack=False),
 }
 STACK: dict[str, Service] = {name: s for name, s in SERVICES.items() if s.in_stack}
-"""The services `voice-agent up` starts."""
+"""The services `voice-agent up` starts (the cascade's)."""
+
+
+def up_services() -> dict[str, Service]:
+    """The services `voice-agent up` starts with these settings: the cascade's (ASR, TTS,
+    gateway), or the duplex service and a gateway in front of it when the gateway's backend
+    is `duplex` (VA_PROFILE=duplex)."""
+    if GatewaySettings().gateway.backend == "duplex":
+        return {"duplex": SERVICES["duplex"], "gateway": SERVICES["gateway"]}
+    return STACK
 
 
 def load_settings(service: str) -> BaseServiceSettings:

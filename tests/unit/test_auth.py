@@ -10,7 +10,9 @@ from typing import Any
 import jwt
 import pytest
 from pydantic import SecretStr, ValidationError
+from starlette.requests import Request
 
+from services.common.auth.api_keys import KeyStore
 from services.common.auth.credentials import (
     APP_SUBPROTOCOL,
     TOKEN_SUBPROTOCOL,
@@ -20,8 +22,11 @@ from services.common.auth.credentials import (
     sign_token,
     verify_token,
 )
+from services.common.auth.guard import PRINCIPAL
 from services.common.auth.redact import redact
-from services.common.auth.settings import AuthSettings
+from services.common.auth.relay import relay_headers
+from services.common.auth.settings import AuthSettings, DefaultLimits, Limits
+from services.common.bus.connection import connect as redis_connect
 from services.common.errors import Unauthorized
 from services.common.service.server import run_service
 from services.gateway.settings import GatewaySettings
@@ -81,6 +86,38 @@ def test_tokens_expire_and_are_bound_to_their_secret() -> None:
     forged = base64.urlsafe_b64encode(json.dumps(claims).encode()).rstrip(b"=").decode()
     with pytest.raises(Unauthorized):
         verify_token(SECRET, f"{head}.{forged}.{sig}")
+
+
+def test_a_relay_token_is_a_token_with_a_relay_claim() -> None:
+    relay, _ = sign_token(SECRET, "acme", "k1", 60, {}, relay=True)
+    assert verify_token(SECRET, relay)["relay"] is True
+    assert "relay" not in verify_token(SECRET, sign_token(SECRET, "acme", "k1", 60, {})[0])
+    claims = jwt.decode(relay, SECRET, algorithms=["HS256"], audience="voice-agent")
+    odd = jwt.encode({**claims, "relay": "yes"}, SECRET, algorithm="HS256")
+    with pytest.raises(Unauthorized):
+        verify_token(SECRET, odd)
+
+
+async def test_a_relay_token_names_the_callers_tenant_and_dies_with_its_key(
+    redis_server: RedisProc,
+) -> None:
+    redis_settings = redis_server.settings()
+    client = redis_connect(redis_settings)
+    try:
+        keys = KeyStore(client, redis_settings.prefix, SECRET.decode())
+        record, plain = await keys.create("acme", "t")
+        caller = await keys.principal(plain, DefaultLimits())
+        request = Request({"type": "http", "headers": [], PRINCIPAL: caller})
+        headers = await relay_headers(request, keys)
+        relayed = await keys.principal(headers["Authorization"].removeprefix("Bearer "), Limits())
+        assert (relayed.tenant, relayed.kind, relayed.key_id) == ("acme", "relay", record.id)
+        anonymous = Request({"type": "http", "headers": []})
+        assert await relay_headers(anonymous, keys) == {}  # authentication off: nothing
+        await keys.revoke(record.id)
+        with pytest.raises(Unauthorized):
+            await keys.principal(headers["Authorization"].removeprefix("Bearer "), Limits())
+    finally:
+        await client.aclose()
 
 
 def test_a_short_token_secret_is_refused() -> None:

@@ -56,6 +56,11 @@ def test_urls_come_from_the_arguments_then_the_settings(
     assert targets(None, "http://h:1/", cmdline) == ["http://h:1/ready"]
     with pytest.raises(HealthcheckError):
         targets(None, None, tmp_path / "missing")
+    monkeypatch.setenv("VA_PROFILE", "duplex")  # `up` runs the duplex service and a gateway
+    assert targets("up", None, cmdline) == [
+        "http://127.0.0.1:8003/ready",
+        "http://127.0.0.1:8000/ready",
+    ]
 
 
 def test_setting_only_the_host_keeps_each_service_s_port(monkeypatch: pytest.MonkeyPatch) -> None:

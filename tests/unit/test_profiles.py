@@ -128,3 +128,22 @@ def test_fake_engines_are_chosen_by_name_under_any_profile() -> None:
     assert AsrSettings(asr=AsrSection(engine="fake")).asr.engine == "fake"
     assert AsrSettings().asr.engine == "faster-whisper"  # the profile changed no default
     assert TtsSettings(profile="dual-gpu", tts=TtsSection(engine="fake")).tts.engine == "fake"
+
+
+def test_the_duplex_profile_puts_the_gateway_in_front_of_the_duplex_service(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from services.gateway.settings import GatewaySection, GatewaySettings
+
+    assert GatewaySettings().gateway.backend == "cascade"
+    assert GatewaySettings(profile="fake").gateway.backend == "cascade"
+    assert GatewaySettings(profile="duplex").gateway.backend == "duplex"
+    explicit = GatewaySettings(profile="duplex", gateway=GatewaySection(backend="cascade"))
+    assert explicit.gateway.backend == "cascade"
+    monkeypatch.setenv("VA_PROFILE", "duplex")
+    monkeypatch.setenv("VA_GATEWAY__DUPLEX_URL", "wss://duplex.internal:8443/base")
+    section = GatewaySettings().gateway
+    assert (section.backend, section.duplex_url) == ("duplex", "wss://duplex.internal:8443/base")
+    monkeypatch.setenv("VA_GATEWAY__DUPLEX_URL", "http://duplex:8003")
+    with pytest.raises(ValueError, match="duplex_url"):
+        GatewaySettings()

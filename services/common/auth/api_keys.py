@@ -7,7 +7,7 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from redis.asyncio import Redis
 
@@ -160,6 +160,7 @@ class KeyStore:
         key = await self.active(claims["kid"])  # a revoked key's tokens die with it
         if key.tenant != claims["sub"]:
             raise Unauthorized("invalid client token")
+        kind: Literal["token", "relay"] = "relay" if claims.get("relay") else "token"
         return Principal(
-            key.tenant, "token", key.id, key.limits.over(defaults), claims.get("session", {})
+            key.tenant, kind, key.id, key.limits.over(defaults), claims.get("session", {})
         )

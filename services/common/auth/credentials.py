@@ -6,6 +6,10 @@ names the tenant and the key, expires (60 s by default, 2 h at most) and may car
 settings. Both travel as `Authorization: Bearer ...`; a browser, which cannot set headers
 on a WebSocket, offers the token as the subprotocol `voice-agent.token.<token>` next to
 `voice-agent.v1` (or, for clients that can do neither, `?access_token=`).
+
+A relay token is a client token with a `relay` claim, signed by a service for the service
+behind it (the gateway for the duplex service): it names the caller's tenant and key, and
+says the caller's session and audio are counted already by the service that relays them.
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ class Principal:
     """Who a request is from, once its credential is checked."""
 
     tenant: str
-    kind: Literal["key", "token", "anonymous"]
+    kind: Literal["key", "token", "relay", "anonymous"]
+    """`relay`: a relay token (a service in front admitted the caller and counts it)."""
     key_id: str | None = None
     limits: Limits | None = None
     """None: no limits (authentication off)."""
@@ -75,9 +80,14 @@ def hash_matches(secret: str, stored: str) -> bool:
 
 
 def sign_token(
-    secret: bytes, tenant: str, key_id: str, ttl_s: int, session: Mapping[str, Any]
+    secret: bytes,
+    tenant: str,
+    key_id: str,
+    ttl_s: int,
+    session: Mapping[str, Any],
+    relay: bool = False,
 ) -> tuple[str, int]:
-    """A client token and its expiry (Unix seconds)."""
+    """A client token and its expiry (Unix seconds); `relay`: a relay token."""
     now = int(time.time())
     claims: dict[str, Any] = {
         "iss": _ISSUER,
@@ -90,6 +100,8 @@ def sign_token(
     }
     if session:
         claims["session"] = dict(session)
+    if relay:
+        claims["relay"] = True
     return jwt.encode(claims, secret, algorithm="HS256"), now + ttl_s
 
 
@@ -113,6 +125,8 @@ def verify_token(secret: bytes, token: str) -> dict[str, Any]:
     if not (isinstance(claims["sub"], str) and isinstance(claims["kid"], str)):
         raise Unauthorized("invalid client token")
     if not isinstance(claims.get("session", {}), dict):
+        raise Unauthorized("invalid client token")
+    if not isinstance(claims.get("relay", False), bool):
         raise Unauthorized("invalid client token")
     return claims
 

@@ -108,10 +108,14 @@ class AuthGuard:
         prefix: str,
         service: str,
         keys: KeyStore | None = None,
+        accept_relay: bool = True,
     ) -> None:
         self.app = app
         self.settings = settings
         self.service = service
+        self.accept_relay = accept_relay
+        """Whether relay tokens are taken here (not on an edge such as the gateway: one that
+        leaked from the network behind it must not skip the edge's limits)."""
         self.keys = keys or KeyStore(redis, prefix, settings.token_secret.get_secret_value())
         """The app's one key store (`install_auth` passes the one its token route uses)."""
         self.limiter = Limiter(redis, prefix)
@@ -156,6 +160,10 @@ class AuthGuard:
             return False
         principal = await self._principal(scope)
         scope[PRINCIPAL] = principal
+        if principal.kind == "relay":
+            if not self.accept_relay:
+                raise Unauthorized("a relay token is for the services behind a gateway")
+            return False  # the service that relayed the caller counts its session and audio
         limits = principal.limits
         assert limits is not None
         scope[METER] = AudioMeter(self.limiter, principal.tenant, limits.audio_seconds_per_day)

@@ -37,14 +37,26 @@ class TokenRequest(BaseModel):
 
 
 def install_auth(
-    app: FastAPI, settings: AuthSettings, redis: Redis, prefix: str, service: str
-) -> None:
+    app: FastAPI,
+    settings: AuthSettings,
+    redis: Redis,
+    prefix: str,
+    service: str,
+    accept_relay: bool = True,
+) -> KeyStore:
     """Guard every route of `app`, answer CORS for the configured origins, and serve
-    `POST /v1/sessions`."""
+    `POST /v1/sessions`. Returns the app's key store (it signs relay tokens: relay.py);
+    `accept_relay` False refuses relay tokens (an edge)."""
     install_redaction()
     keys = KeyStore(redis, prefix, settings.token_secret.get_secret_value())
     app.add_middleware(
-        AuthGuard, settings=settings, redis=redis, prefix=prefix, service=service, keys=keys
+        AuthGuard,
+        settings=settings,
+        redis=redis,
+        prefix=prefix,
+        service=service,
+        keys=keys,
+        accept_relay=accept_relay,
     )
     if settings.allowed_origins:  # outermost: preflights are answered before the guard
         app.add_middleware(
@@ -57,7 +69,7 @@ def install_auth(
     @app.post("/v1/sessions")
     async def new_session(request: Request, body: TokenRequest | None = None) -> dict[str, Any]:
         principal = principal_of(request)
-        if principal.kind == "token":
+        if principal.kind in ("token", "relay"):
             raise Forbidden("a client token cannot ask for another: use an API key")
         body = body or TokenRequest()
         ttl = body.expires_in or settings.token_ttl_s
@@ -75,3 +87,5 @@ def install_auth(
             "tenant": principal.tenant,
             "subprotocols": [APP_SUBPROTOCOL, f"{TOKEN_SUBPROTOCOL}<token>"],
         }
+
+    return keys

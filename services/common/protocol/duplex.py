@@ -1,12 +1,16 @@
-"""The `/v1/stream/duplex` wire messages (docs/duplex.md), parsed once at the edge."""
+"""The `/v1/stream/duplex` wire messages (docs/duplex.md), parsed once at each edge.
+
+A contract between two services: the duplex service speaks it, a gateway whose backend is
+`duplex` is its client. It lives here, below both, so neither imports the other.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import TypeAdapter
+from pydantic import Field, TypeAdapter
 
-from services.common.protocol.events import Event, parse
+from services.common.protocol.events import ErrorEvent, Event, parse
 
 
 class DuplexReady(Event):
@@ -36,9 +40,18 @@ class DuplexClose(Event):
     type: Literal["close"]
 
 
+DuplexServerEvent = Annotated[DuplexReady | TextDelta | ErrorEvent, Field(discriminator="type")]
+"""What the service sends as text (its audio comes as binary frames)."""
+
 DUPLEX_CLIENT_EVENTS: TypeAdapter[DuplexClose] = TypeAdapter(DuplexClose)
+DUPLEX_SERVER_EVENTS: TypeAdapter[DuplexServerEvent] = TypeAdapter(DuplexServerEvent)
 
 
 def parse_client(text: str) -> DuplexClose:
     """One client text frame; anything else than `close` is InvalidMessage."""
     return parse(DUPLEX_CLIENT_EVENTS, text)
+
+
+def parse_server(text: str) -> DuplexServerEvent:
+    """One server text frame (the gateway's side); anything else is InvalidMessage."""
+    return parse(DUPLEX_SERVER_EVENTS, text)
