@@ -22,7 +22,7 @@ class RedisSettings(BaseModel):
     """How long a blocking XREAD/XREADGROUP waits; the socket timeout is set above it."""
     claim_idle_ms: int = Field(default=5_000, ge=1_000, le=3_600_000)
     """A pending job idle this long is reclaimed from a dead worker by XAUTOCLAIM (a live
-    worker touches its jobs in flight every third of it, however long they run): keep it
+    worker touches its jobs in flight every quarter of it, however long they run): keep it
     well below the gateway's `asr_timeout_s`/`tts_timeout_s`."""
     max_deliveries: int = Field(default=3, ge=1, le=100)
     """A job delivered this many times goes to the dead-letter stream."""
