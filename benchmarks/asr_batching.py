@@ -103,7 +103,7 @@ async def run_level(
 
 def load_engine(args: argparse.Namespace, workdir: Path) -> tuple[FasterWhisperEngine, str]:
     if args.model == "tiny.en":
-        from services.asr.engines.whisper import TINY_EN
+        from services.asr.engines.catalog import TINY_EN
 
         folder = TINY_EN.verify()
         described = f"Whisper tiny.en, real weights ({TINY_EN.distribution}=={TINY_EN.version})"

@@ -116,7 +116,8 @@ def check_asr_model(settings: AsrSettings) -> Check:
         return Check("model asr", "OK", "the fake engine (no model)")
     if section.engine != "faster-whisper":
         return Check("model asr", "FAIL", f"unknown engine {section.engine!r}", "VA_ASR__ENGINE")
-    from services.asr.engines.whisper import PACKAGED, resolve_model_dir
+    from services.asr.engines.catalog import PACKAGED
+    from services.asr.engines.whisper_files import resolve_model_dir
 
     folder = resolve_model_dir(section.whisper)
     packaged = PACKAGED.get(section.whisper.model)

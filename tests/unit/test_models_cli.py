@@ -13,7 +13,7 @@ import huggingface_hub
 import pytest
 from huggingface_hub import errors
 
-from services.asr.engines.whisper import resolve_model_dir
+from services.asr.engines.whisper_files import resolve_model_dir
 from services.asr.settings import WhisperSettings
 from services.ops import models
 from services.ops.cli import main

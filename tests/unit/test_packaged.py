@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from services.asr.engines.whisper import TINY_EN
+from services.asr.engines.catalog import TINY_EN
 from services.common.errors import EngineUnavailable
 from services.common.platform.packaged import PackagedModel, sha256
 from services.tts.engines.piper import JOE

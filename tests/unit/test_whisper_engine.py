@@ -14,13 +14,9 @@ import numpy as np
 import pytest
 
 from services.asr.engines.base import AsrInput, Transcript
-from services.asr.engines.whisper import (
-    FasterWhisperEngine,
-    last_word,
-    max_new_tokens,
-    resolve_model_dir,
-    token_logprob,
-)
+from services.asr.engines.whisper import FasterWhisperEngine, max_new_tokens
+from services.asr.engines.whisper_files import resolve_model_dir
+from services.asr.engines.whisper_scores import last_word, token_logprob
 from services.asr.settings import WhisperSettings
 from services.common.errors import EngineUnavailable
 from tests.speech import speak

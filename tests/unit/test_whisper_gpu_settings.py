@@ -15,7 +15,7 @@ import faster_whisper
 import numpy as np
 import pytest
 
-from services.asr.engines import whisper as whisper_module
+from services.asr.engines import whisper_files
 from services.asr.engines.base import AsrInput
 from services.asr.engines.whisper import FasterWhisperEngine
 from services.asr.settings import WhisperSettings
@@ -74,7 +74,7 @@ class FakeWhisperModel:
 def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[FakeWhisperModel]]:
     FakeWhisperModel.created = []
     monkeypatch.setattr(faster_whisper, "WhisperModel", FakeWhisperModel)
-    monkeypatch.setattr(whisper_module, "_cuda_device_count", lambda: 2)
+    monkeypatch.setattr(whisper_files, "cuda_device_count", lambda: 2)
     yield FakeWhisperModel
 
 

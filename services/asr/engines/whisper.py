@@ -41,11 +41,11 @@ import os
 import threading
 from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
 
+from services.asr.engines import whisper_files
 from services.asr.engines.base import (
     AsrInput,
     AudioF32,
@@ -54,11 +54,12 @@ from services.asr.engines.base import (
     Interrupted,
     Transcript,
 )
-from services.asr.engines.catalog import PACKAGED, TINY_EN
 from services.asr.engines.file import transcribe_file
+from services.asr.engines.whisper_files import check_cuda, model_folder
+from services.asr.engines.whisper_scores import Decoded, decoded
 from services.asr.settings import WhisperSettings
 from services.common.errors import EngineUnavailable, InvalidAudio
-from services.common.platform.devices import VISIBLE, pin_gpu
+from services.common.platform.devices import pin_gpu
 
 log = logging.getLogger(__name__)
 
@@ -68,45 +69,20 @@ TOKENS_PER_SECOND: Final = 12
 """Generous upper bound on speech tokens per second (covers fast CJK speech)."""
 MIN_NEW_TOKENS: Final = 16
 """Token allowance every utterance gets on top of its per-second share."""
-NO_SPEECH_PROB: Final = 0.6
-LOW_AVG_LOGPROB: Final = -1.0
-"""faster-whisper's defaults: above the first and below the second, a result is silence."""
 FRAMES_PER_SECOND: Final = 100
 """Whisper's log-Mel frames per second (hop of 160 samples at 16 kHz)."""
 CUDA_ALLOCATOR: Final = "cub_caching"
 """CTranslate2's caching allocator: GPU memory stops growing with every new batch size."""
 
 
-__all__ = ["PACKAGED", "TINY_EN", "FasterWhisperEngine", "resolve_model_dir"]
+__all__ = ["FasterWhisperEngine"]
 DETECT: Final = frozenset({"auto", "detect"})
 """Language hints that mean: detect the language (the environment cannot say None)."""
-
-
-def resolve_model_dir(settings: WhisperSettings) -> Path:
-    """`settings.model` when it is a folder, else `<models_dir>/faster-whisper-<model>`.
-
-    A packaged model (`tiny.en`) is found by `_model_folder` before this is asked."""
-    given = Path(settings.model).expanduser()
-    if given.is_dir() or given.is_absolute() or settings.model.startswith((".", "~")):
-        return given
-    return settings.models_dir / f"faster-whisper-{settings.model}"
 
 
 def max_new_tokens(duration_s: float) -> int:
     """The most tokens an utterance of this length may produce."""
     return min(MAX_NEW_TOKENS, MIN_NEW_TOKENS + math.ceil(TOKENS_PER_SECOND * duration_s))
-
-
-def _cuda_device_count() -> int:
-    try:
-        import ctranslate2
-    except ImportError:
-        return 0
-    return int(ctranslate2.get_cuda_device_count())
-
-
-_Decoded = tuple[str, str, float | None, float | None]
-"""One item's text, language, mean token log-probability and last word's log-probability."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +111,8 @@ class FasterWhisperEngine:
                 settings.gpu, settings.device_index, self._environ, "VA_ASR__WHISPER__GPU"
             )
             self._environ.setdefault("CT2_CUDA_ALLOCATOR", CUDA_ALLOCATOR)
-        cuda = settings.device == "cuda" or (settings.device == "auto" and _cuda_device_count() > 0)
+        auto_cuda = settings.device == "auto" and whisper_files.cuda_device_count() > 0
+        cuda = settings.device == "cuda" or auto_cuda
         self._kind = "cuda" if cuda else "cpu"
         self.device = f"cuda:{self._index}" if cuda else "cpu"
         self._whisper: Any = None
@@ -152,10 +129,10 @@ class FasterWhisperEngine:
             raise EngineUnavailable(
                 "faster-whisper is not installed: pip install 'voice-agent[faster-whisper]'"
             ) from exc
-        folder = self._model_folder()
-        compute_type = self._compute_type()
+        folder = model_folder(self.settings)
+        compute_type = whisper_files.compute_type(self.settings, self._kind)
         if self._kind == "cuda":
-            self._check_cuda()
+            check_cuda(self._index, self._environ)
         try:
             whisper = faster_whisper.WhisperModel(
                 str(folder),
@@ -229,7 +206,7 @@ class FasterWhisperEngine:
         """About what the model holds in memory: the size of its weights file (CTranslate2
         keeps float16 weights as they are; int8 on a CPU halves them: an upper bound)."""
         try:
-            return (self._model_folder() / "model.bin").stat().st_size
+            return (model_folder(self.settings) / "model.bin").stat().st_size
         except (OSError, EngineUnavailable):
             return 0
 
@@ -262,13 +239,13 @@ class FasterWhisperEngine:
 
     def _run(
         self, batch: list[_Utterance], stop: threading.Event | None, scores: bool
-    ) -> list[_Decoded]:
+    ) -> list[Decoded]:
         """One encode and one generate per encoder window among the batch's items (on a
         GPU with the 30 s window: one for the whole batch)."""
         groups: dict[int, list[int]] = {}
         for i, utterance in enumerate(batch):
             groups.setdefault(self._window_frames(utterance.features.shape[1]), []).append(i)
-        results: list[_Decoded] = [("", "", None, None)] * len(batch)
+        results: list[Decoded] = [("", "", None, None)] * len(batch)
         for frames, members in sorted(groups.items()):
             decoded = self._run_window([batch[i] for i in members], frames, stop, scores)
             for i, result in zip(members, decoded, strict=True):
@@ -277,7 +254,7 @@ class FasterWhisperEngine:
 
     def _run_window(
         self, batch: list[_Utterance], frames: int, stop: threading.Event | None, scores: bool
-    ) -> list[_Decoded]:
+    ) -> list[Decoded]:
         import ctranslate2
 
         model = self._whisper.model
@@ -305,40 +282,9 @@ class FasterWhisperEngine:
             sampling_topk=1,
         )
         return [
-            self._decoded(result, limit, language, scores)
+            decoded(self._decoder, result, limit, language, scores)
             for result, limit, language in zip(results, limits, languages, strict=True)
         ]
-
-    def _decoded(self, result: Any, limit: int, language: str, scores: bool) -> _Decoded:
-        generated = result.sequences_ids[0]
-        tokens = [int(t) for t in generated[:limit]]
-        if not tokens:
-            return "", language, None, None
-        logits = result.logits[0] if scores else []
-        if len(generated) > len(tokens) and len(logits) >= len(tokens):
-            # cut to its cap: the mean over the tokens kept (a loop's later repeats are
-            # confident, and would hide its doubtful start)
-            steps = range(len(tokens))
-            avg_logprob = sum(token_logprob(logits[i], tokens[i]) for i in steps) / len(tokens)
-        else:
-            # faster-whisper's avg_logprob: CTranslate2's score is the mean over the
-            # generated tokens and the end of text; over them, and the end of text
-            avg_logprob = float(result.scores[0]) * len(generated) / (len(generated) + 1)
-        if float(result.no_speech_prob) > NO_SPEECH_PROB and avg_logprob < LOW_AVG_LOGPROB:
-            return "", language, None, None
-        text = str(self._decoder.decode(tokens)).strip()
-        return text, language, avg_logprob, self._last_word_logprob(tokens, logits)
-
-    def _last_word_logprob(self, tokens: list[int], logits: Sequence[Any]) -> float | None:
-        """The log-probability of the last word among `tokens` (the sum over its tokens),
-        from the logits of the steps that chose them; None without words or logits."""
-        if not tokens or len(logits) < len(tokens):
-            return None
-        pieces = [str(self._decoder.decode([token])) for token in tokens]
-        span = last_word(pieces)
-        if span is None:
-            return None
-        return sum(token_logprob(logits[step], tokens[step]) for step in range(*span))
 
     def _languages(self, encoded: Any, hints: list[str | None]) -> list[str]:
         """Each item's language: its hint when the model knows it, else Whisper's guess."""
@@ -384,96 +330,6 @@ class FasterWhisperEngine:
         least = round(self.settings.min_window_s * FRAMES_PER_SECOND)
         window = min(most, least * math.ceil((frames + FRAMES_PER_SECOND) / least))
         return window + window % 2
-
-    def _model_folder(self) -> Path:
-        packaged = PACKAGED.get(self.settings.model)
-        if packaged is not None and not resolve_model_dir(self.settings).is_dir():
-            return packaged.materialize(self.settings.models_dir / "packaged")
-        folder = resolve_model_dir(self.settings)
-        if not folder.is_dir():
-            if folder == Path(self.settings.model).expanduser():
-                raise EngineUnavailable(
-                    f"no faster-whisper model folder at {folder}: set VA_ASR__WHISPER__MODEL "
-                    "to a model folder, or to a model name and run: voice-agent models pull "
-                    f"faster-whisper-<name> --dir {self.settings.models_dir}"
-                )
-            if not self.settings.allow_download:
-                raise EngineUnavailable(
-                    f"faster-whisper model not found at {folder}: run: voice-agent models pull "
-                    f"faster-whisper-{self.settings.model} --dir {self.settings.models_dir} "
-                    "(or set VA_ASR__WHISPER__MODEL to a model folder)"
-                )
-            self._download(folder)
-        if not (folder / "model.bin").is_file():
-            raise EngineUnavailable(
-                f"{folder} holds no CTranslate2 model.bin: pull the model again with "
-                f"voice-agent models pull faster-whisper-{self.settings.model}"
-            )
-        if not (folder / "tokenizer.json").is_file():
-            raise EngineUnavailable(
-                f"no tokenizer.json in {folder} (faster-whisper would fetch one from the Hub): "
-                f"pull the model again with voice-agent models pull "
-                f"faster-whisper-{self.settings.model}, or copy in the tokenizer.json "
-                "of the matching openai/whisper model"
-            )
-        return folder
-
-    def _download(self, folder: Path) -> None:
-        from faster_whisper.utils import download_model
-
-        log.warning("downloading faster-whisper %s into %s", self.settings.model, folder)
-        try:
-            download_model(self.settings.model, output_dir=str(folder))
-        except Exception as exc:
-            raise EngineUnavailable(
-                f"cannot download faster-whisper {self.settings.model} into {folder}: {exc}"
-            ) from exc
-
-    def _compute_type(self) -> str:
-        if self.settings.compute_type != "default":
-            return self.settings.compute_type
-        return "float16" if self._kind == "cuda" else "int8"
-
-    def _check_cuda(self) -> None:
-        count = _cuda_device_count()
-        visible = self._environ.get(VISIBLE, "<unset>")
-        if count == 0:
-            raise EngineUnavailable(
-                "faster-whisper is set to CUDA but CTranslate2 sees no GPU "
-                f"(CUDA_VISIBLE_DEVICES={visible}): fix the driver, "
-                "or set VA_ASR__WHISPER__DEVICE=cpu"
-            )
-        if self._index >= count:
-            raise EngineUnavailable(
-                f"device_index {self._index} but this process sees {count} GPU(s) "
-                f"(CUDA_VISIBLE_DEVICES={visible}); indices count from 0 among the visible "
-                "GPUs: set VA_ASR__WHISPER__DEVICE_INDEX accordingly"
-            )
-
-
-def last_word(pieces: list[str]) -> tuple[int, int] | None:
-    """[start, end) of the tokens of the last word among tokens decoded one by one: from
-    the last token with a letter or digit back to the one that starts the word (a leading
-    space, or the first token); None when no token has one."""
-    spoken = [i for i, piece in enumerate(pieces) if any(c.isalnum() for c in piece)]
-    if not spoken:
-        return None
-    end = spoken[-1] + 1
-    start = end - 1
-    while start > 0 and not pieces[start].startswith(" "):
-        start -= 1
-    return start, end
-
-
-def token_logprob(step_logits: Any, token: int) -> float:
-    """log softmax(step_logits)[token]: one step's vocabulary logits (a StorageView)."""
-    if getattr(step_logits, "device", "cpu") != "cpu":
-        import ctranslate2
-
-        step_logits = step_logits.to_device(ctranslate2.Device.cpu)
-    row = np.asarray(step_logits, dtype=np.float64).reshape(-1)
-    top = float(row.max())
-    return float(row[token] - top - math.log(float(np.exp(row - top).sum())))
 
 
 def _unless_stopped(stop: threading.Event | None) -> None:
