@@ -24,10 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.report import percentile, versions, write
+from services.common.stats import percentile
 from services.duplex.engines.base import StepInput
 from services.duplex.engines.moshi import random_engine, state_bytes
 from services.duplex.settings import DuplexSection, MoshiSettings, RandomMoshiSettings
+from services.loadtest.report import versions, write
 
 CONFIGS = {
     "tiny": RandomMoshiSettings(),

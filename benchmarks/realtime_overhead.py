@@ -4,9 +4,9 @@
 
 Two measurements:
 - adapter: the translation itself, in process. A recorded turn's native events (session,
-  VAD, transcript, response, 3 s of 40 ms audio frames, deltas, done) go through
-  `RealtimeChannel.send`/`send_audio` into a socket that discards, and 20 ms base64
-  appends through `receive`; each call is timed. Every server event a realtime client
+  VAD, transcript, response, 3 s of 40 ms audio frames, deltas, done) go through the
+  session channel's `send`/`send_audio` (RealtimeCodec) into a socket that discards, and
+  20 ms base64 appends through `receive`; each call is timed. Every server event a realtime client
   gets is delayed by exactly its call's time, so its p99 is the added latency per event
   (the target: ≤ 5 ms p99).
 - end_to_end: the lite stack as processes (`voice-agent up`'s layout); the same espeak-ng
@@ -43,8 +43,10 @@ from services.common.protocol.events import (
     SpeechStopped,
     TranscriptFinal,
 )
+from services.common.service.ws import Channel
 from services.common.stats import percentile, summary
-from services.gateway.realtime import RealtimeChannel
+from services.gateway.codec import SessionChannel
+from services.gateway.realtime import RealtimeCodec
 from services.loadtest.corpus import SENTENCES
 from services.loadtest.report import write
 from tests.speech import speak
@@ -81,7 +83,8 @@ async def _adapter(turns: int) -> dict[str, Any]:
     )
     for turn in range(turns):
         sock = _NullSocket([append] * 150)  # 3 s of 20 ms appends
-        channel = RealtimeChannel(sock, 1 << 20)  # type: ignore[arg-type]
+        io = Channel(sock, "gateway", 1 << 20)  # type: ignore[arg-type]
+        channel = SessionChannel(io, RealtimeCodec())
         utt, resp = f"utt_{turn}", f"resp_{turn}"
         events: list[Any] = [
             SessionCreated(session=SessionConfig(id=f"sess_{turn}", input_sample_rate=RATE)),
