@@ -68,6 +68,8 @@ def configurations() -> dict[str, tuple[dict[str, str], float | None]]:
         "smart-turn, echo": (UNPREPARED, None),
         "smart-turn, echo, prepared (default)": ({}, None),
     }
+    # the naive baseline with a real agent: what the default install answered before
+    configs["silence 600 ms, openai TTFT 300 ms"] = ({**SILENCE, **UNPREPARED}, 300.0)
     for ttft in (0, 300, 600):
         configs[f"smart-turn, openai TTFT {ttft} ms"] = (UNPREPARED, float(ttft))
         configs[f"smart-turn, openai TTFT {ttft} ms, prepared"] = ({}, float(ttft))
