@@ -48,19 +48,57 @@ from services.gateway.turn_end import FILLERS
 from services.loadtest.report import write
 from services.loadtest.stats import words
 
-# (sentence, the word the continuation starts with: the cut falls just before it)
-SET: list[tuple[str, str]] = [
-    ("What is the weather like in Paris today?", "Paris"),
-    ("I would like to book a table for two people tonight.", "two"),
-    ("Can you tell me, um, what time the museum opens?", "what"),
-    ("Please remind me to call my sister tomorrow morning.", "call"),
-    ("How long does it take to drive from Boston to New York?", "New"),
-    ("I need a recipe for a quick vegetarian dinner.", "quick"),
-    ("So, uh, I was wondering if you could help me with my order.", "I"),
-    ("Could you play some relaxing music in the kitchen?", "relaxing"),
-    ("My flight leaves at seven, and I need a taxi to the airport.", "I"),
-    ("What is the difference between a crocodile and an alligator?", "an"),
+# (sentence, the word the continuation starts with: the cut falls just before it, the
+# kind of fragment the cut leaves)
+SET: list[tuple[str, str, str]] = [
+    ("What is the weather like in Paris today?", "Paris", "mid-phrase"),
+    ("I would like to book a table for two people tonight.", "two", "mid-phrase"),
+    ("Can you tell me, um, what time the museum opens?", "what", "filler"),
+    ("Please remind me to call my sister tomorrow morning.", "call", "mid-phrase"),
+    ("How long does it take to drive from Boston to New York?", "New", "mid-phrase"),
+    ("I need a recipe for a quick vegetarian dinner.", "quick", "mid-phrase"),
+    ("So, uh, I was wondering if you could help me with my order.", "I", "filler"),
+    ("Could you play some relaxing music in the kitchen?", "relaxing", "mid-phrase"),
+    ("My flight leaves at seven, and I need a taxi to the airport.", "I", "list"),
+    ("What is the difference between a crocodile and an alligator?", "an", "mid-phrase"),
 ]
+"""The first set (2026-11-25), on which the rules were first fitted: part of the tuning set."""
+
+TUNING_MORE: list[tuple[str, str, str]] = [
+    ("Add eggs, milk, and bread to my shopping list.", "bread", "list"),
+    ("We need apples, bananas, oranges, and some grapes.", "oranges", "list"),
+    ("My number is five five five, two one eight, four four zero nine.", "two", "number"),
+    ("The confirmation code is B X seven four Q.", "seven", "number"),
+    ("So, um, can you turn off the lights in the bedroom?", "can", "filler"),
+    ("Set an alarm for, no, make that a timer for ten minutes.", "make", "restart"),
+    ("Can you, uh, sorry, can you read me my last message?", "sorry", "restart"),
+    ("Turn the volume up a little bit please.", "a", "looks whole"),
+    ("I want to order a large pizza with mushrooms and olives.", "with", "looks whole"),
+    ("Send a text to Maria saying I will be ten minutes late.", "saying", "looks whole"),
+]
+"""More ordinary requests, cut where people stop: in a list, between groups of digits or
+letters, after a filler, at a restart, and where the words so far look finished."""
+
+HELD_OUT: list[tuple[str, str, str]] = [
+    ("Put butter, flour, sugar, and vanilla on the list.", "sugar", "list"),
+    ("Remind me to buy coffee, tea, and a loaf of bread.", "and", "list"),
+    ("Call me back at eight six seven, five three oh nine.", "five", "number"),
+    ("My zip code is nine oh two one oh.", "one", "number"),
+    ("The booking reference is K L M four two.", "four", "number"),
+    ("Well, uh, I think I need a new password.", "I", "filler"),
+    ("I would like to, um, change my delivery address.", "change", "filler"),
+    ("Could you, I mean, would you check the traffic on my route?", "would", "restart"),
+    ("Book a table at, actually, make it a delivery order instead.", "make", "restart"),
+    ("What time does the pharmacy close on Sunday?", "close", "mid-phrase"),
+    ("How do I get to the train station from here?", "from", "looks whole"),
+    ("Tell me the news headlines for this morning.", "for", "looks whole"),
+    ("Play the new album by my favourite band from Ireland.", "by", "looks whole"),
+    ("Turn on the heating in the living room at six.", "in", "looks whole"),
+]
+"""The held-out part: sentences and (half of them) voices that no threshold or rule is
+chosen on (docs/turn-taking.md)."""
+
+PARTS = ("tuning", "held-out")
 
 BEFORE = "before: silence 600 ms, no speculation, pads 200 ms, Piper 1 thread, 6-word piece"
 CONFIGS: dict[str, dict[str, str]] = {
@@ -101,6 +139,14 @@ Transcribe = Callable[[list[Audio]], list[str]]
 
 PIPER: dict[str, Voice] = {"piper joe 1.0": piper(1.0), "piper joe 1.2": piper(1.2)}
 
+HELD_OUT_ESPEAK: dict[str, Voice] = {
+    "espeak en-gb-scotland 170 wpm": espeak("en-gb-scotland", 170),
+    "espeak en-us 130 wpm": espeak("en-us", 130),
+}
+HELD_OUT_PIPER: dict[str, Voice] = {"piper joe 1.0": piper(1.0), "piper joe 0.85": piper(0.85)}
+"""The held-out part's voices: three of the four are heard only there (a Scottish accent,
+a slow en-us, a fast Piper)."""
+
 
 @dataclass
 class Utterance:
@@ -111,6 +157,8 @@ class Utterance:
     rest: Audio | None  # the continuation after the pause (incomplete only)
     fragment_text: str
     cut_heard: tuple[str, str] | None = None  # what the ASR hears on each side of the cut
+    part: str = "tuning"  # or "held-out"
+    kind: str = "mid-phrase"  # the fragment's kind (its sentence's, for a whole one)
 
 
 def _quiet_points(audio: Audio, estimate: int) -> list[int]:
@@ -186,19 +234,34 @@ def asr_transcriber() -> Transcribe:
     return transcribe
 
 
-def labelled_set(transcribe: Transcribe | None = None) -> list[Utterance]:
+def labelled_set(transcribe: Transcribe | None = None, part: str = "all") -> list[Utterance]:
+    """The labelled utterances of `part` ("tuning", "held-out" or "all"): each sentence
+    whole and cut, in one espeak-ng voice and one Piper voice taken in turn from the
+    part's voices. The split is fixed: the tuning part is `SET` + `TUNING_MORE` in the
+    tuning voices, the held-out part `HELD_OUT` in its own voices."""
     transcribe = transcribe or asr_transcriber()
+    parts = {
+        "tuning": (SET + TUNING_MORE, ESPEAK, PIPER),
+        "held-out": (HELD_OUT, HELD_OUT_ESPEAK, HELD_OUT_PIPER),
+    }
     out = []
-    espeak, piper = list(ESPEAK), list(PIPER)
-    for i, (sentence, word) in enumerate(SET):
-        fragment_text = sentence[: sentence.index(f" {word} ")]
-        for voice in (espeak[i % 2], piper[(i // 2) % 2]):
-            say = ESPEAK.get(voice) or PIPER[voice]
-            audio = say(sentence)
-            out.append(Utterance(sentence, voice, True, audio, None, sentence))
-            cut, heard = cut_point(audio, say(fragment_text), sentence, fragment_text, transcribe)
-            first, rest = audio[:cut], audio[cut:]
-            out.append(Utterance(sentence, voice, False, first, rest, fragment_text, heard))
+    for name in PARTS if part == "all" else (part,):
+        sentences, espeaks, pipers = parts[name]
+        espeak, piper = list(espeaks), list(pipers)
+        for i, (sentence, word, kind) in enumerate(sentences):
+            fragment_text = sentence[: sentence.index(f" {word} ")]
+            for voice in (espeak[i % 2], piper[(i // 2) % 2]):
+                say = espeaks.get(voice) or pipers[voice]
+                audio = say(sentence)
+                out.append(
+                    Utterance(sentence, voice, True, audio, None, sentence, None, name, kind)
+                )
+                fragment = say(fragment_text)
+                cut, heard = cut_point(audio, fragment, sentence, fragment_text, transcribe)
+                first, rest = audio[:cut], audio[cut:]
+                out.append(
+                    Utterance(sentence, voice, False, first, rest, fragment_text, heard, name, kind)
+                )
     return out
 
 
@@ -391,9 +454,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--gap-ms", type=int, default=1000, help="pause inside incomplete turns")
     parser.add_argument("--configs", nargs="*", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--part", default="all", choices=["all", *PARTS])
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    utterances = labelled_set()
+    utterances = labelled_set(part=args.part)
     order = np.random.default_rng(7).permutation(len(utterances))
     utterances = [utterances[i] for i in order]
     print(f"{len(utterances)} utterances")
@@ -417,7 +481,8 @@ def main() -> None:
             "utterances": len(utterances),
             "complete": sum(u.complete for u in utterances),
             "incomplete": sum(not u.complete for u in utterances),
-            "voices": [*ESPEAK, *PIPER],
+            "part": args.part,
+            "voices": sorted({u.voice for u in utterances}),
             "gap_ms": args.gap_ms,
         },
         "smart_turn_scores": scores,

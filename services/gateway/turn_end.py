@@ -200,6 +200,11 @@ class SmartTurn(SilenceOnly):
 
     name = "smart-turn"
     decides_at_pause = True
+    mid_thought_rule = True
+    """Words that end mid-thought wait for the fallback (benchmarks turn this off to
+    measure what it is worth)."""
+    no_new_words_rule = True
+    """Speech since the previous pause that added no words waits for the fallback."""
 
     def __init__(self, settings: GatewaySection) -> None:
         self.threshold = settings.smart_turn_threshold
@@ -245,10 +250,10 @@ class SmartTurn(SilenceOnly):
         if heard is None:
             return None
         words_known = word_rules_apply(heard.language)
-        if words_known and ends_mid_thought(heard.text):
+        if self.mid_thought_rule and words_known and ends_mid_thought(heard.text):
             metrics.TURN_MODEL.labels("incomplete_words").inc()
             return False
-        if words_known and heard.added_no_words():
+        if self.no_new_words_rule and words_known and heard.added_no_words():
             metrics.TURN_MODEL.labels("no_new_words").inc()
             return False
         if heard.doubted(self.transcript_logprob, self.last_word_logprob):
