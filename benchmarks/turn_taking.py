@@ -3,11 +3,19 @@ cuts a speaker off, and what that does to voice-to-voice latency.
 
     python -m benchmarks.turn_taking --out benchmarks/results/turn_taking_lite.json
 
-The set: ten sentences, each spoken whole (a *complete* turn) and cut mid-phrase or after
-a filler (an *incomplete* one: the speaker stops for `--gap-ms`, then says the rest), each
-in one espeak-ng voice and one Piper voice at different rates — 40 utterances. The cut is
-made in the audio of the whole sentence (at the quiet between two words nearest where the
-fragment, said alone, ends), so the fragment keeps the unfinished prosody of speech that
+The set, in two parts: a *tuning* part (twenty sentences — the first ten of 2026-11-25 and
+ten more) and a *held-out* part (fourteen other sentences) on which no threshold or rule is
+chosen. Each sentence is spoken whole (a *complete* turn) and cut where people stop (an
+*incomplete* one: the speaker stops for `--gap-ms`, then says the rest): mid-phrase, in a
+list ("Add eggs, milk, and"), between groups of digits or letters ("My number is five five
+five,"), after a filler ("So, um,"), at a restart ("Set an alarm for, no,"), or where the
+words so far look finished ("Turn the volume up"). Each in one espeak-ng voice and one
+Piper voice, taken in turn from the part's voices: the tuning part's espeak-ng en-us 160
+wpm and en-gb 190 wpm and Piper joe at speed 1.0 and 1.2; the held-out part's espeak-ng
+en-gb-scotland 170 wpm and en-us 130 wpm and Piper joe at speed 1.0 and 0.85 (slower) —
+80 + 56 utterances (`--part` picks one). The cut is made in the audio of the whole
+sentence (at the quiet between two words nearest where the fragment, said alone, ends),
+so the fragment keeps the unfinished prosody of speech that
 goes on; the fragment synthesized as its own text would end like a sentence.
 
 Per configuration, a fresh lite stack (faster-whisper tiny.en + Piper + echo agent, as
@@ -30,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,7 +154,7 @@ HELD_OUT_ESPEAK: dict[str, Voice] = {
 }
 HELD_OUT_PIPER: dict[str, Voice] = {"piper joe 1.0": piper(1.0), "piper joe 0.85": piper(0.85)}
 """The held-out part's voices: three of the four are heard only there (a Scottish accent,
-a slow en-us, a fast Piper)."""
+a slow en-us, a slower Piper)."""
 
 
 @dataclass
@@ -249,7 +258,10 @@ def labelled_set(transcribe: Transcribe | None = None, part: str = "all") -> lis
         sentences, espeaks, pipers = parts[name]
         espeak, piper = list(espeaks), list(pipers)
         for i, (sentence, word, kind) in enumerate(sentences):
-            fragment_text = sentence[: sentence.index(f" {word} ")]
+            found = re.search(rf" {re.escape(word)}\b", sentence)
+            if found is None:
+                raise ValueError(f"no {word!r} in {sentence!r}")
+            fragment_text = sentence[: found.start()]
             for voice in (espeak[i % 2], piper[(i // 2) % 2]):
                 say = espeaks.get(voice) or pipers[voice]
                 audio = say(sentence)
