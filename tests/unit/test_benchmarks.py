@@ -89,7 +89,7 @@ async def test_turn_decisions_replay_the_policy_on_recorded_pauses() -> None:
 
     def pause(heard: Heard, silence_ms: int, began_ms: int) -> Pause:
         grid = [s for s in (100, 300, 500, 700, 900, 1100) if s <= silence_ms]
-        asks = [(s, np.zeros(16000 + 16 * s, np.float32)) for s in grid]
+        asks = [(s, 16000 + 16 * s) for s in grid]
         return Pause(np.zeros(0, np.float32), silence_ms, asks, heard, [0.95] * len(asks), began_ms)
 
     clip = np.zeros(0, np.float32)
