@@ -122,22 +122,18 @@ CONFIGS: dict[str, dict[str, str]] = {
     "silence 600 ms": {"VA_GATEWAY__END_OF_TURN": "silence"},
     "heuristic": {"VA_GATEWAY__END_OF_TURN": "heuristic"},
     "smart-turn": {"VA_GATEWAY__END_OF_TURN": "smart-turn"},
-    "smart-turn, ASR scores unread": {
+    "smart-turn, previous defaults (ASR doubt, no-new-words, unsure 500 ms)": {
         "VA_GATEWAY__END_OF_TURN": "smart-turn",
-        "VA_GATEWAY__END_OF_TURN_TRANSCRIPT_LOGPROB": "-100",
-        "VA_GATEWAY__END_OF_TURN_LAST_WORD_LOGPROB": "-100",
-    },
-    "smart-turn, ASR scores unread, unsure 1000 ms": {
-        "VA_GATEWAY__END_OF_TURN": "smart-turn",
-        "VA_GATEWAY__END_OF_TURN_TRANSCRIPT_LOGPROB": "-100",
-        "VA_GATEWAY__END_OF_TURN_LAST_WORD_LOGPROB": "-100",
-        "VA_GATEWAY__END_OF_TURN_UNSURE_MS": "1000",
+        "VA_GATEWAY__END_OF_TURN_TRANSCRIPT_LOGPROB": "-0.5",
+        "VA_GATEWAY__END_OF_TURN_LAST_WORD_LOGPROB": "-0.6",
+        "VA_GATEWAY__END_OF_TURN_NO_NEW_WORDS": "true",
+        "VA_GATEWAY__END_OF_TURN_UNSURE_MS": "500",
     },
 }
 """Each against the defaults (pause 100 ms, trailing pad 100 ms, smart-turn first asked
-at the pause and again every 200 ms, unsure 500 ms, transcripts doubted below a mean
-log-probability of -0.5 or a last word's of -0.6, Piper 2 threads with a 4-word first
-piece); `before` is how the stack ran before this benchmark drove those changes."""
+at the pause and again every 200 ms, unsure 300 ms, the ASR's doubt and the no-new-words
+rule off, Piper 2 threads with a 4-word first piece); `before` is how the stack ran before
+this benchmark drove those changes."""
 
 
 ESPEAK: dict[str, Voice] = {
