@@ -118,3 +118,25 @@ async def test_turn_decisions_replay_the_policy_on_recorded_pauses() -> None:
     assert read["decision_ms"]["p50"] == 40 + 250
     assert read["complete_ended_by"] == {"model": 1}
     assert silence["decision_ms"]["p50"] == 40 + 600
+
+
+def test_the_labelled_sets_held_out_part_shares_no_sentence_and_has_voices_of_its_own() -> None:
+    from benchmarks.turn_taking import (
+        ESPEAK,
+        HELD_OUT,
+        HELD_OUT_ESPEAK,
+        HELD_OUT_PIPER,
+        PIPER,
+        SET,
+        TUNING_MORE,
+    )
+
+    tuning = SET + TUNING_MORE
+    assert not {s for s, _, _ in tuning} & {s for s, _, _ in HELD_OUT}
+    # each sentence whole and cut, in two voices
+    assert 4 * (len(tuning) + len(HELD_OUT)) >= 120
+    tuning_voices, held_out_voices = {*ESPEAK, *PIPER}, {*HELD_OUT_ESPEAK, *HELD_OUT_PIPER}
+    assert len(held_out_voices - tuning_voices) >= 2
+    assert len(tuning_voices | held_out_voices) >= 6
+    for sentence, word, _ in tuning + HELD_OUT:
+        assert f" {word}" in sentence  # where the cut falls
