@@ -3,11 +3,19 @@ cuts a speaker off, and what that does to voice-to-voice latency.
 
     python -m benchmarks.turn_taking --out benchmarks/results/turn_taking_lite.json
 
-The set: ten sentences, each spoken whole (a *complete* turn) and cut mid-phrase or after
-a filler (an *incomplete* one: the speaker stops for `--gap-ms`, then says the rest), each
-in one espeak-ng voice and one Piper voice at different rates — 40 utterances. The cut is
-made in the audio of the whole sentence (at the quiet between two words nearest where the
-fragment, said alone, ends), so the fragment keeps the unfinished prosody of speech that
+The set, in two parts: a *tuning* part (twenty sentences — the first ten of 2026-11-25 and
+ten more) and a *held-out* part (fourteen other sentences) on which no threshold or rule is
+chosen. Each sentence is spoken whole (a *complete* turn) and cut where people stop (an
+*incomplete* one: the speaker stops for `--gap-ms`, then says the rest): mid-phrase, in a
+list ("Add eggs, milk, and"), between groups of digits or letters ("My number is five five
+five,"), after a filler ("So, um,"), at a restart ("Set an alarm for, no,"), or where the
+words so far look finished ("Turn the volume up"). Each in one espeak-ng voice and one
+Piper voice, taken in turn from the part's voices: the tuning part's espeak-ng en-us 160
+wpm and en-gb 190 wpm and Piper joe at speed 1.0 and 1.2; the held-out part's espeak-ng
+en-gb-scotland 170 wpm and en-us 130 wpm and Piper joe at speed 1.0 and 0.85 (slower) —
+80 + 56 utterances (`--part` picks one). The cut is made in the audio of the whole
+sentence (at the quiet between two words nearest where the fragment, said alone, ends),
+so the fragment keeps the unfinished prosody of speech that
 goes on; the fragment synthesized as its own text would end like a sentence.
 
 Per configuration, a fresh lite stack (faster-whisper tiny.en + Piper + echo agent, as
@@ -30,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,19 +57,57 @@ from services.gateway.turn_end import FILLERS
 from services.loadtest.report import write
 from services.loadtest.stats import words
 
-# (sentence, the word the continuation starts with: the cut falls just before it)
-SET: list[tuple[str, str]] = [
-    ("What is the weather like in Paris today?", "Paris"),
-    ("I would like to book a table for two people tonight.", "two"),
-    ("Can you tell me, um, what time the museum opens?", "what"),
-    ("Please remind me to call my sister tomorrow morning.", "call"),
-    ("How long does it take to drive from Boston to New York?", "New"),
-    ("I need a recipe for a quick vegetarian dinner.", "quick"),
-    ("So, uh, I was wondering if you could help me with my order.", "I"),
-    ("Could you play some relaxing music in the kitchen?", "relaxing"),
-    ("My flight leaves at seven, and I need a taxi to the airport.", "I"),
-    ("What is the difference between a crocodile and an alligator?", "an"),
+# (sentence, the word the continuation starts with: the cut falls just before it, the
+# kind of fragment the cut leaves)
+SET: list[tuple[str, str, str]] = [
+    ("What is the weather like in Paris today?", "Paris", "mid-phrase"),
+    ("I would like to book a table for two people tonight.", "two", "mid-phrase"),
+    ("Can you tell me, um, what time the museum opens?", "what", "filler"),
+    ("Please remind me to call my sister tomorrow morning.", "call", "mid-phrase"),
+    ("How long does it take to drive from Boston to New York?", "New", "mid-phrase"),
+    ("I need a recipe for a quick vegetarian dinner.", "quick", "mid-phrase"),
+    ("So, uh, I was wondering if you could help me with my order.", "I", "filler"),
+    ("Could you play some relaxing music in the kitchen?", "relaxing", "mid-phrase"),
+    ("My flight leaves at seven, and I need a taxi to the airport.", "I", "list"),
+    ("What is the difference between a crocodile and an alligator?", "an", "mid-phrase"),
 ]
+"""The first set (2026-11-25), on which the rules were first fitted: part of the tuning set."""
+
+TUNING_MORE: list[tuple[str, str, str]] = [
+    ("Add eggs, milk, and bread to my shopping list.", "bread", "list"),
+    ("We need apples, bananas, oranges, and some grapes.", "oranges", "list"),
+    ("My number is five five five, two one eight, four four zero nine.", "two", "number"),
+    ("The confirmation code is B X seven four Q.", "seven", "number"),
+    ("So, um, can you turn off the lights in the bedroom?", "can", "filler"),
+    ("Set an alarm for, no, make that a timer for ten minutes.", "make", "restart"),
+    ("Can you, uh, sorry, can you read me my last message?", "sorry", "restart"),
+    ("Turn the volume up a little bit please.", "a", "looks whole"),
+    ("I want to order a large pizza with mushrooms and olives.", "with", "looks whole"),
+    ("Send a text to Maria saying I will be ten minutes late.", "saying", "looks whole"),
+]
+"""More ordinary requests, cut where people stop: in a list, between groups of digits or
+letters, after a filler, at a restart, and where the words so far look finished."""
+
+HELD_OUT: list[tuple[str, str, str]] = [
+    ("Put butter, flour, sugar, and vanilla on the list.", "sugar", "list"),
+    ("Remind me to buy coffee, tea, and a loaf of bread.", "and", "list"),
+    ("Call me back at eight six seven, five three oh nine.", "five", "number"),
+    ("My zip code is nine oh two one oh.", "one", "number"),
+    ("The booking reference is K L M four two.", "four", "number"),
+    ("Well, uh, I think I need a new password.", "I", "filler"),
+    ("I would like to, um, change my delivery address.", "change", "filler"),
+    ("Could you, I mean, would you check the traffic on my route?", "would", "restart"),
+    ("Book a table at, actually, make it a delivery order instead.", "make", "restart"),
+    ("What time does the pharmacy close on Sunday?", "close", "mid-phrase"),
+    ("How do I get to the train station from here?", "from", "looks whole"),
+    ("Tell me the news headlines for this morning.", "for", "looks whole"),
+    ("Play the new album by my favourite band from Ireland.", "by", "looks whole"),
+    ("Turn on the heating in the living room at six.", "in", "looks whole"),
+]
+"""The held-out part: sentences and (half of them) voices that no threshold or rule is
+chosen on (docs/turn-taking.md)."""
+
+PARTS = ("tuning", "held-out")
 
 BEFORE = "before: silence 600 ms, no speculation, pads 200 ms, Piper 1 thread, 6-word piece"
 CONFIGS: dict[str, dict[str, str]] = {
@@ -75,22 +122,18 @@ CONFIGS: dict[str, dict[str, str]] = {
     "silence 600 ms": {"VA_GATEWAY__END_OF_TURN": "silence"},
     "heuristic": {"VA_GATEWAY__END_OF_TURN": "heuristic"},
     "smart-turn": {"VA_GATEWAY__END_OF_TURN": "smart-turn"},
-    "smart-turn, ASR scores unread": {
+    "smart-turn, previous defaults (ASR doubt, no-new-words, unsure 500 ms)": {
         "VA_GATEWAY__END_OF_TURN": "smart-turn",
-        "VA_GATEWAY__END_OF_TURN_TRANSCRIPT_LOGPROB": "-100",
-        "VA_GATEWAY__END_OF_TURN_LAST_WORD_LOGPROB": "-100",
-    },
-    "smart-turn, ASR scores unread, unsure 1000 ms": {
-        "VA_GATEWAY__END_OF_TURN": "smart-turn",
-        "VA_GATEWAY__END_OF_TURN_TRANSCRIPT_LOGPROB": "-100",
-        "VA_GATEWAY__END_OF_TURN_LAST_WORD_LOGPROB": "-100",
-        "VA_GATEWAY__END_OF_TURN_UNSURE_MS": "1000",
+        "VA_GATEWAY__END_OF_TURN_TRANSCRIPT_LOGPROB": "-0.5",
+        "VA_GATEWAY__END_OF_TURN_LAST_WORD_LOGPROB": "-0.6",
+        "VA_GATEWAY__END_OF_TURN_NO_NEW_WORDS": "true",
+        "VA_GATEWAY__END_OF_TURN_UNSURE_MS": "500",
     },
 }
 """Each against the defaults (pause 100 ms, trailing pad 100 ms, smart-turn first asked
-at the pause and again every 200 ms, unsure 500 ms, transcripts doubted below a mean
-log-probability of -0.5 or a last word's of -0.6, Piper 2 threads with a 4-word first
-piece); `before` is how the stack ran before this benchmark drove those changes."""
+at the pause and again every 200 ms, unsure 300 ms, the ASR's doubt and the no-new-words
+rule off, Piper 2 threads with a 4-word first piece); `before` is how the stack ran before
+this benchmark drove those changes."""
 
 
 ESPEAK: dict[str, Voice] = {
@@ -100,6 +143,14 @@ ESPEAK: dict[str, Voice] = {
 Transcribe = Callable[[list[Audio]], list[str]]
 
 PIPER: dict[str, Voice] = {"piper joe 1.0": piper(1.0), "piper joe 1.2": piper(1.2)}
+
+HELD_OUT_ESPEAK: dict[str, Voice] = {
+    "espeak en-gb-scotland 170 wpm": espeak("en-gb-scotland", 170),
+    "espeak en-us 130 wpm": espeak("en-us", 130),
+}
+HELD_OUT_PIPER: dict[str, Voice] = {"piper joe 1.0": piper(1.0), "piper joe 0.85": piper(0.85)}
+"""The held-out part's voices: three of the four are heard only there (a Scottish accent,
+a slow en-us, a slower Piper)."""
 
 
 @dataclass
@@ -111,6 +162,8 @@ class Utterance:
     rest: Audio | None  # the continuation after the pause (incomplete only)
     fragment_text: str
     cut_heard: tuple[str, str] | None = None  # what the ASR hears on each side of the cut
+    part: str = "tuning"  # or "held-out"
+    kind: str = "mid-phrase"  # the fragment's kind (its sentence's, for a whole one)
 
 
 def _quiet_points(audio: Audio, estimate: int) -> list[int]:
@@ -186,19 +239,37 @@ def asr_transcriber() -> Transcribe:
     return transcribe
 
 
-def labelled_set(transcribe: Transcribe | None = None) -> list[Utterance]:
+def labelled_set(transcribe: Transcribe | None = None, part: str = "all") -> list[Utterance]:
+    """The labelled utterances of `part` ("tuning", "held-out" or "all"): each sentence
+    whole and cut, in one espeak-ng voice and one Piper voice taken in turn from the
+    part's voices. The split is fixed: the tuning part is `SET` + `TUNING_MORE` in the
+    tuning voices, the held-out part `HELD_OUT` in its own voices."""
     transcribe = transcribe or asr_transcriber()
+    parts = {
+        "tuning": (SET + TUNING_MORE, ESPEAK, PIPER),
+        "held-out": (HELD_OUT, HELD_OUT_ESPEAK, HELD_OUT_PIPER),
+    }
     out = []
-    espeak, piper = list(ESPEAK), list(PIPER)
-    for i, (sentence, word) in enumerate(SET):
-        fragment_text = sentence[: sentence.index(f" {word} ")]
-        for voice in (espeak[i % 2], piper[(i // 2) % 2]):
-            say = ESPEAK.get(voice) or PIPER[voice]
-            audio = say(sentence)
-            out.append(Utterance(sentence, voice, True, audio, None, sentence))
-            cut, heard = cut_point(audio, say(fragment_text), sentence, fragment_text, transcribe)
-            first, rest = audio[:cut], audio[cut:]
-            out.append(Utterance(sentence, voice, False, first, rest, fragment_text, heard))
+    for name in PARTS if part == "all" else (part,):
+        sentences, espeaks, pipers = parts[name]
+        espeak, piper = list(espeaks), list(pipers)
+        for i, (sentence, word, kind) in enumerate(sentences):
+            found = re.search(rf" {re.escape(word)}\b", sentence)
+            if found is None:
+                raise ValueError(f"no {word!r} in {sentence!r}")
+            fragment_text = sentence[: found.start()]
+            for voice in (espeak[i % 2], piper[(i // 2) % 2]):
+                say = espeaks.get(voice) or pipers[voice]
+                audio = say(sentence)
+                out.append(
+                    Utterance(sentence, voice, True, audio, None, sentence, None, name, kind)
+                )
+                fragment = say(fragment_text)
+                cut, heard = cut_point(audio, fragment, sentence, fragment_text, transcribe)
+                first, rest = audio[:cut], audio[cut:]
+                out.append(
+                    Utterance(sentence, voice, False, first, rest, fragment_text, heard, name, kind)
+                )
     return out
 
 
@@ -391,9 +462,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--gap-ms", type=int, default=1000, help="pause inside incomplete turns")
     parser.add_argument("--configs", nargs="*", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--part", default="all", choices=["all", *PARTS])
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    utterances = labelled_set()
+    utterances = labelled_set(part=args.part)
     order = np.random.default_rng(7).permutation(len(utterances))
     utterances = [utterances[i] for i in order]
     print(f"{len(utterances)} utterances")
@@ -417,7 +489,8 @@ def main() -> None:
             "utterances": len(utterances),
             "complete": sum(u.complete for u in utterances),
             "incomplete": sum(not u.complete for u in utterances),
-            "voices": [*ESPEAK, *PIPER],
+            "part": args.part,
+            "voices": sorted({u.voice for u in utterances}),
             "gap_ms": args.gap_ms,
         },
         "smart_turn_scores": scores,

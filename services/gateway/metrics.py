@@ -76,7 +76,8 @@ TURN_MODEL = Counter(
     "transcript ends mid-thought), no_new_words (the speech since the previous pause added "
     "no words), doubted_words (the ASR doubts the transcript), doubt_ended (such a turn, "
     "ended by end_of_turn_doubt_ms), incomplete (the model hears more to come) and "
-    "unsure_ended (a turn the model doubts, ended by end_of_turn_unsure_ms).",
+    "unsure_ended (a turn whose words look finished, ended by end_of_turn_unsure_ms: the "
+    "model doubted it, and is not asked again once that silence has passed).",
     ["decision"],
 )
 TURN_MODEL_SECONDS = Histogram(

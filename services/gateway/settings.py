@@ -82,28 +82,38 @@ class GatewaySection(BaseModel):
     """`smart-turn`: silence that ends the turn even when the model says it is not over,
     and the wait of a turn whose transcript ends mid-thought or adds no words since the
     previous pause."""
-    end_of_turn_unsure_ms: int = Field(default=500, ge=0, le=10_000)
+    end_of_turn_unsure_ms: int = Field(default=300, ge=0, le=10_000)
     """`smart-turn`: silence that ends a turn the model calls incomplete when its transcript
-    looks finished and the ASR is sure of it (the model alone misses some finished
-    sentences: "So, uh, I was wondering if you could help me with my order." → 0.01).
-    Decided at the asks (the pause, then every `end_of_turn_recheck_ms`): keep it on that
-    grid (100 ms + k × 200 ms by default)."""
+    looks finished (the model alone misses some finished sentences: "So, uh, I was
+    wondering if you could help me with my order." → 0.01); past it the model is not asked.
+    Chosen on the tuning part of the labelled set (docs/turn-taking.md): longer waits
+    answered no fewer fragments followed by a 1 s pause, and cost p95. Decided at the asks
+    (the pause, then every `end_of_turn_recheck_ms`): keep it on that grid (100 ms + k ×
+    200 ms by default)."""
     end_of_turn_doubt_ms: int = Field(default=1300, ge=0, le=10_000)
     """`smart-turn`: silence that ends a turn whose words the ASR doubts (below
-    `end_of_turn_transcript_logprob` or `end_of_turn_last_word_logprob`), whatever the
-    model says: long enough for a speaker to go on after a misheard fragment, shorter
-    than the fallback for a finished sentence heard badly. On the asks' grid."""
-    end_of_turn_transcript_logprob: float | None = Field(default=-0.5, ge=-100.0, le=0.0)
+    `end_of_turn_transcript_logprob` or `end_of_turn_last_word_logprob`, both unset by
+    default), whatever the model says: long enough for a speaker to go on after a misheard
+    fragment, shorter than the fallback for a finished sentence heard badly. On the asks'
+    grid."""
+    end_of_turn_transcript_logprob: float | None = Field(default=None, ge=-100.0, le=0.0)
     """`smart-turn`: a transcript the ASR scores below this mean token log-probability
     (Whisper's avg_logprob) is doubted: the turn waits for `end_of_turn_doubt_ms`,
     whatever the model says (tiny.en mishears fragments into words that look finished:
-    "Please remind me to" → "Please remind me", −0.53 to −0.57; docs/turn-taking.md).
-    Unset: off."""
-    end_of_turn_last_word_logprob: float | None = Field(default=-0.6, ge=-100.0, le=0.0)
+    "Please remind me to" → "Please remind me", −0.53 to −0.57). Unset (the default): off.
+    On voices tiny.en hears badly it doubts finished sentences as often as fragments:
+    on the held-out part of the labelled set, −0.6 made 18 % of complete turns wait
+    (docs/turn-taking.md)."""
+    end_of_turn_last_word_logprob: float | None = Field(default=None, ge=-100.0, le=0.0)
     """`smart-turn`: a transcript whose last word the ASR scores below this log-probability
     is doubted likewise ("...a recipe for a" → "...a recipe for it.", −0.96). Needs an
     ASR that scores it (`VA_ASR__WHISPER__LAST_WORD_CONFIDENCE`, on by default).
-    Unset: off."""
+    Unset (the default): off; no threshold helped on the tuning part."""
+    end_of_turn_no_new_words: bool = False
+    """`smart-turn`: a pause whose transcript adds no words to the previous pause's
+    (fillers aside: "Can you tell me, um," heard as "Can you tell me?" at both) waits for
+    the fallback. Off: it caught fillers the ASR dropped in the tuning part of the labelled
+    set, none in the held-out part (docs/turn-taking.md)."""
     end_of_turn_first_ask_ms: int = Field(default=100, ge=0, le=10_000)
     """`smart-turn`: silence before the model is first asked; at or below `VA_VAD__PAUSE_MS`
     it is asked at the pause itself, beside the speculative transcript (it answers before

@@ -157,8 +157,11 @@ async def test_the_policy_hears_what_the_utterances_previous_pause_heard() -> No
 @on_virtual_time
 async def test_speech_that_added_no_words_holds_the_turn_until_the_fallback() -> None:
     """A filler after a pause ("Can you tell me, um,"): the same words at both pauses, so
-    smart-turn waits for the fallback however sure its model is."""
-    settings = GatewaySection(end_of_turn_fallback_ms=1500)
+    smart-turn with the no-new-words rule (off by default) waits for the fallback however
+    sure its model is."""
+    settings = GatewaySection(
+        end_of_turn_fallback_ms=1500, end_of_turn_no_new_words=True, end_of_turn_unsure_ms=900
+    )
     policy = SmartTurn(settings)
     policy.batcher = SureAfter(1.7)  # type: ignore[assignment]
     async with running_session(settings, end_of_turn=policy, transcripts=["tell me"]) as h:

@@ -80,17 +80,18 @@ def test_summary_is_nearest_rank_and_rounded() -> None:
 
 async def test_turn_decisions_replay_the_policy_on_recorded_pauses() -> None:
     """A fragment misheard as finished, with a sure model: answered unless the ASR's doubt
-    is read; a pause shorter than the transcript's arrival ends nothing."""
+    is read; a pause shorter than the transcript's arrival ends nothing; the silence
+    policy answers every fragment at 600 ms."""
     import numpy as np
 
     from benchmarks.turn_decisions import Framed, Pause, replay
     from benchmarks.turn_taking import Utterance
     from services.gateway.turn_end import Heard
 
-    def pause(heard: Heard, silence_ms: int) -> Pause:
-        grid = [s for s in (100, 300, 500, 700) if s <= silence_ms]
-        asks = [(s, np.zeros(16000 + 16 * s, np.float32)) for s in grid]
-        return Pause(np.zeros(0, np.float32), silence_ms, asks, heard, [0.95] * len(asks))
+    def pause(heard: Heard, silence_ms: int, began_ms: int) -> Pause:
+        grid = [s for s in (100, 300, 500, 700, 900, 1100) if s <= silence_ms]
+        asks = [(s, 16000 + 16 * s) for s in grid]
+        return Pause(np.zeros(0, np.float32), silence_ms, asks, heard, [0.95] * len(asks), began_ms)
 
     clip = np.zeros(0, np.float32)
     fragment = Utterance("Please remind me to call.", "v", False, clip, clip, "Please remind me to")
@@ -98,15 +99,48 @@ async def test_turn_decisions_replay_the_policy_on_recorded_pauses() -> None:
     misheard = Heard("Please remind me", avg_logprob=-0.76)
     framed = [
         # a 200 ms pause inside the sentence, then the fragment's end
-        Framed(fragment, 500, [pause(Heard("Please"), 200), pause(misheard, 2000)]),
-        Framed(whole, 500, [pause(Heard("Please remind me.", avg_logprob=-0.1), 2000)]),
+        Framed(fragment, 500, [pause(Heard("Please"), 200, 900), pause(misheard, 2000, 1500)]),
+        # the VAD heard the silence begin 40 ms after the voice ended
+        Framed(whole, 500, [pause(Heard("Please remind me.", avg_logprob=-0.1), 2000, 1540)], 1500),
     ]
-    read = await replay(framed, {}, gap_ms=1000, heard_at_ms=250)
-    unread = await replay(framed, {"end_of_turn_transcript_logprob": None}, 1000, 250)
-    assert (read["false_cut_offs"], unread["false_cut_offs"]) == (0, 1)
+    doubting = {"end_of_turn_transcript_logprob": -0.5, "end_of_turn_doubt_ms": 1100}
+    read = await replay(framed, doubting, gap_ms=1000, heard_at_ms=250, model_ms=70)
+    unread = await replay(framed, {"end_of_turn_transcript_logprob": None}, 1000, 250, 70)
+    silence = await replay(framed, {"silence": True}, 1000, 250, 70)
+    assert (read["false_cut_offs"], unread["false_cut_offs"], silence["false_cut_offs"]) == (
+        0,
+        1,
+        1,
+    )
     assert unread["cut_offs"][0]["pause"] == "2 of 2"  # not the 200 ms pause: too short
     assert unread["cut_offs"][0]["ended_at_silence_ms"] == 250  # when the words came
-    assert read["complete_end_of_turn_silence_ms"]["p50"] == 250
+    assert unread["cut_offs"][0]["why"] == "model"
+    # the words, then the model asked at the first ask (100 + 70 ms < 250 ms)
+    assert read["decision_ms"]["p50"] == 40 + 250
+    assert read["complete_ended_by"] == {"model": 1}
+    assert silence["decision_ms"]["p50"] == 40 + 600
+
+
+def test_the_labelled_sets_held_out_part_shares_no_sentence_and_has_voices_of_its_own() -> None:
+    from benchmarks.turn_taking import (
+        ESPEAK,
+        HELD_OUT,
+        HELD_OUT_ESPEAK,
+        HELD_OUT_PIPER,
+        PIPER,
+        SET,
+        TUNING_MORE,
+    )
+
+    tuning = SET + TUNING_MORE
+    assert not {s for s, _, _ in tuning} & {s for s, _, _ in HELD_OUT}
+    # each sentence whole and cut, in two voices
+    assert 4 * (len(tuning) + len(HELD_OUT)) >= 120
+    tuning_voices, held_out_voices = {*ESPEAK, *PIPER}, {*HELD_OUT_ESPEAK, *HELD_OUT_PIPER}
+    assert len(held_out_voices - tuning_voices) >= 2
+    assert len(tuning_voices | held_out_voices) >= 6
+    for sentence, word, _ in tuning + HELD_OUT:
+        assert f" {word}" in sentence  # where the cut falls
 
 
 BENCHMARKS = sorted(
