@@ -68,14 +68,19 @@ class TwilioCodec:
     # ------------------------------------------------------------ Twilio → Session
 
     def decode(self, frame: Frame) -> Decoded:
+        """Counted by event once used; a message refused is counted as `invalid`."""
         try:
             if frame.data is not None:
                 raise tw.TwilioError("Twilio sends JSON text frames, not binary ones")
             message = tw.parse(frame.text or "")
+            decoded = self._use(message)
         except tw.TwilioError:
             metrics.TWILIO_MESSAGES.labels("invalid").inc()
             raise
         metrics.TWILIO_MESSAGES.labels(message.event).inc()
+        return decoded
+
+    def _use(self, message: tw.TwilioMessage) -> Decoded:
         match message:
             case tw.Start():
                 self._start(message.start)
