@@ -1,0 +1,284 @@
+"""Phone audio against wideband audio: word error rate and voice-to-voice over G.711 mu-law
+at 8 kHz, against PCM16 at 16 kHz, on the same sentences.
+
+    python -m benchmarks.telephony --out benchmarks/results/telephony_lite.json
+
+The lite stack as processes (`voice-agent up`'s layout: faster-whisper tiny.en, Piper,
+Silero VAD, the echo agent). Each sentence, in each voice, is spoken three ways, one turn
+on a fresh connection each, alternating so the machine's drift falls on all three alike:
+- `pcm16k`: `/v1/stream`, PCM16 at 16 kHz both ways (the reference);
+- `mulaw8k`: `/v1/stream` with `session.update` `input_format`/`output_format` `pcmu`: the
+  same speech resampled to 8 kHz and mu-law coded (what a phone line carries), the agent's
+  reply coming back in mu-law at 8 kHz;
+- `twilio`: `/v1/twilio`, a simulated Twilio Media Stream (tests/twilio_call.py) with the
+  same mu-law audio: voice-to-voice only (Twilio gets no transcript events).
+Speech goes out at real-time pace in 20 ms frames, silence after it as a line sends;
+voice-to-voice = the end of the speech sent -> the first agent audio received. WER is of
+`transcript.final` against the script (jiwer, lower-cased words); `reply_recovered` is the
+share of the transcript's words the ASR finds again in the agent's spoken reply, decoded
+(how intelligible the reply stays through mu-law). Targets (issue 27): WER over mu-law
+within 0.05 of the 16 kHz figure; voice-to-voice within 30 ms (paired per sentence).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jiwer
+import numpy as np
+import websockets
+
+from benchmarks.stack import lite_stack
+from benchmarks.voices import Voice, espeak, piper
+from services.common.audio import g711
+from services.common.audio.pcm import (
+    encode_audio,
+    float_to_pcm16,
+    pcm16_to_float,
+    resample,
+    speech_end,
+)
+from services.common.stats import summary
+from services.loadtest.corpus import SENTENCES
+from services.loadtest.report import write
+from services.loadtest.stats import words
+from tests.twilio_call import TwilioCall
+
+VOICES: dict[str, Voice] = {
+    "espeak en-us 160 wpm": espeak("en-us", 160),
+    "piper joe 1.0": piper(1.0),
+}
+PATHS = ("pcm16k", "mulaw8k", "twilio")
+FRAME_MS = 20
+LEAD_S = 0.3
+TAIL_S = 4.0  # more than the smart-turn policy's 2 s fallback
+FORMATS = {
+    "pcm16k": {"input_sample_rate": 16000, "output_sample_rate": 16000},
+    "mulaw8k": {"input_format": "pcmu", "output_format": "pcmu"},
+}
+
+
+def frames(audio16k: np.ndarray[Any, Any], path: str) -> tuple[list[bytes], int]:
+    """The turn as the path's 20 ms frames (lead silence, speech, tail silence), and how
+    many frames hold the speech up to its end."""
+    rate = 16000 if path == "pcm16k" else 8000
+    audio = audio16k if rate == 16000 else resample(audio16k, 16000, 8000)
+    lead, tail = np.zeros(int(LEAD_S * rate), np.float32), np.zeros(int(TAIL_S * rate), np.float32)
+    audio = np.concatenate([lead, audio, tail])
+    pcm = float_to_pcm16(audio)
+    data = pcm if path == "pcm16k" else g711.encode(pcm, "pcmu")
+    step = (len(data) // audio.size) * rate * FRAME_MS // 1000
+    chunks = [data[i : i + step] for i in range(0, len(data), step)]
+    spoken = -(-speech_end(audio) // (rate * FRAME_MS // 1000))
+    return chunks, spoken
+
+
+async def paced(send: Any, chunks: list[bytes], spoken: int, done: asyncio.Event) -> float:
+    """Send the frames on the clock (stopping once `done`); when the speech's end went out."""
+    start = time.monotonic()
+    ended = start
+    for i, chunk in enumerate(chunks):
+        if done.is_set():
+            break
+        await send(chunk)
+        if i + 1 == spoken:
+            ended = time.monotonic()
+        delay = start + (i + 1) * FRAME_MS / 1000 - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+    return ended
+
+
+async def native_turn(url: str, path: str, audio16k: np.ndarray[Any, Any]) -> dict[str, Any]:
+    chunks, spoken = frames(audio16k, path)
+    async with websockets.connect(url, open_timeout=30, max_size=None) as ws:
+        await ws.recv()  # session.created
+        await ws.send(json.dumps({"type": "session.update", "session": FORMATS[path]}))
+        while json.loads(await ws.recv())["type"] != "session.updated":
+            pass
+        done = asyncio.Event()
+        seen: dict[str, Any] = {"audio": bytearray(), "audio_at": []}
+
+        async def read() -> None:
+            async for message in ws:
+                now = time.monotonic()
+                if isinstance(message, bytes):
+                    seen["audio"] += message
+                    seen["audio_at"].append(now)
+                    continue
+                event = json.loads(message)
+                seen.setdefault(event["type"], event)
+                if event["type"] == "response.done":
+                    done.set()
+                    return
+
+        reader = asyncio.create_task(read())
+        ended = await paced(ws.send, chunks, spoken, done)
+        await asyncio.wait_for(reader, 30)
+    first = next((t for t in seen["audio_at"] if t >= ended), None)
+    reply = bytes(seen["audio"])
+    reply16k = pcm16_to_float(reply) if path == "pcm16k" else _from_mulaw(reply)
+    return {
+        "transcript": seen.get("transcript.final", {}).get("text", ""),
+        "voice_to_voice_ms": None if first is None else round((first - ended) * 1000, 1),
+        "reply": reply16k,
+    }
+
+
+def _from_mulaw(data: bytes) -> np.ndarray[Any, Any]:
+    return resample(pcm16_to_float(g711.decode(data, "pcmu")), 8000, 16000)
+
+
+async def twilio_turn(url: str, audio16k: np.ndarray[Any, Any]) -> dict[str, Any]:
+    audio = resample(audio16k, 16000, 8000)
+    async with TwilioCall(url) as call:
+        await asyncio.sleep(LEAD_S)  # the line's silence first
+        await call.say(audio)
+        ended = call.speech_ended_at or time.monotonic()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            media = call.heard.media_at
+            if media and time.monotonic() - media[-1] > 1.5:
+                break
+            await asyncio.sleep(0.05)
+        await call.stop()
+    first = call.first_audio_after(ended)
+    return {
+        "voice_to_voice_ms": None if first is None else round((first - ended) * 1000, 1),
+        "reply": _from_mulaw(bytes(call.heard.audio)),
+    }
+
+
+def heard_again(asr_url: str, audio16k: np.ndarray[Any, Any]) -> str:
+    wav = encode_audio(audio16k, 16000, "wav")
+    response = httpx.post(
+        f"{asr_url}/v1/audio/transcriptions",
+        files={"file": ("reply.wav", wav, "audio/wav")},
+        data={"model": "whisper-1"},
+        timeout=60,
+    )
+    response.raise_for_status()
+    return str(response.json()["text"])
+
+
+def wer(said: list[str], heard: list[str]) -> float:
+    return round(float(jiwer.wer([words(s) for s in said], [words(h) for h in heard])), 4)
+
+
+def recovered(reference: list[str], heard: list[str]) -> float:
+    out = jiwer.process_words([words(r) for r in reference], [words(h) for h in heard])
+    return round(out.hits / max(1, out.hits + out.substitutions + out.deletions), 4)
+
+
+async def run(urls: dict[str, str], sentences: list[str]) -> list[dict[str, Any]]:
+    ws = urls["gateway"].replace("http", "ws")
+    rows = []
+    for voice, say in VOICES.items():
+        for sentence in sentences:
+            audio = say(sentence)
+            for path in PATHS:
+                if path == "twilio":
+                    row = await twilio_turn(f"{ws}/v1/twilio", audio)
+                else:
+                    row = await native_turn(f"{ws}/v1/stream", path, audio)
+                row["reply_heard"] = await asyncio.to_thread(
+                    heard_again, urls["asr"], row.pop("reply")
+                )
+                rows.append({"voice": voice, "sentence": sentence, "path": path, **row})
+                print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def paired_delta(rows: list[dict[str, Any]], path: str) -> dict[str, Any]:
+    """Voice-to-voice of `path` minus pcm16k's, sentence by sentence (same voice)."""
+    base = {
+        (r["voice"], r["sentence"]): r["voice_to_voice_ms"] for r in rows if r["path"] == "pcm16k"
+    }
+    deltas = [
+        r["voice_to_voice_ms"] - base[(r["voice"], r["sentence"])]
+        for r in rows
+        if r["path"] == path
+        and r["voice_to_voice_ms"] is not None
+        and base.get((r["voice"], r["sentence"])) is not None
+    ]
+    if not deltas:
+        return {}
+    return {
+        "median_ms": round(statistics.median(deltas), 1),
+        "mean_ms": round(statistics.fmean(deltas), 1),
+        "pairs": len(deltas),
+    }
+
+
+def report(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    by_path = {p: [r for r in rows if r["path"] == p] for p in PATHS}
+    out: dict[str, Any] = {}
+    for path, found in by_path.items():
+        v2v = [float(r["voice_to_voice_ms"]) for r in found if r["voice_to_voice_ms"] is not None]
+        entry: dict[str, Any] = {"voice_to_voice_ms": summary(v2v), "turns": len(found)}
+        if path != "twilio":
+            entry["transcript_wer"] = wer(
+                [r["sentence"] for r in found], [r["transcript"] for r in found]
+            )
+            entry["transcript_wer_by_voice"] = {
+                voice: wer(
+                    [r["sentence"] for r in found if r["voice"] == voice],
+                    [r["transcript"] for r in found if r["voice"] == voice],
+                )
+                for voice in VOICES
+            }
+            entry["reply_recovered"] = recovered(
+                [r["transcript"] for r in found], [r["reply_heard"] for r in found]
+            )
+        else:
+            entry["reply_recovered_of_script"] = recovered(
+                [r["sentence"] for r in found], [r["reply_heard"] for r in found]
+            )
+        out[path] = entry
+    wer_gap = out["mulaw8k"]["transcript_wer"] - out["pcm16k"]["transcript_wer"]
+    return {
+        **out,
+        "mulaw8k_minus_pcm16k": {
+            "transcript_wer": round(wer_gap, 4),
+            "voice_to_voice": paired_delta(rows, "mulaw8k"),
+        },
+        "twilio_minus_pcm16k": {"voice_to_voice": paired_delta(rows, "twilio")},
+        "targets": {"wer_gap_max": 0.05, "voice_to_voice_gap_max_ms": 30},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sentences", type=int, default=len(SENTENCES))
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    sentences = list(SENTENCES[: args.sentences])
+    with lite_stack() as urls:
+        rows = asyncio.run(run(urls, sentences))
+    result = {
+        "benchmark": "telephony",
+        "profile": "lite (faster-whisper tiny.en int8 + Piper joe + Silero VAD, echo agent)",
+        "settings": {
+            "end_of_turn": os.environ.get("VA_GATEWAY__END_OF_TURN", "auto"),
+            "output_lead_ms": 200,
+            "frame_ms": FRAME_MS,
+            "input_8k_to_vad": "polyphase, 4 ms group delay",
+        },
+        "summary": report(rows),
+        "turns": rows,
+    }
+    print(json.dumps(result["summary"], indent=2))
+    if args.out:
+        write(args.out, result)
+
+
+if __name__ == "__main__":
+    main()
