@@ -12,9 +12,10 @@ on a fresh connection each, alternating so the machine's drift falls on all thre
   reply coming back in mu-law at 8 kHz;
 - `twilio`: `/v1/twilio`, a simulated Twilio Media Stream (tests/twilio_call.py) with the
   same mu-law audio: voice-to-voice only (Twilio gets no transcript events).
-Speech goes out at real-time pace in 20 ms frames, silence after it as a line sends;
-voice-to-voice = the end of the speech sent -> the first agent audio received. WER is of
-`transcript.final` against the script (jiwer, lower-cased words); `reply_recovered` is the
+A warm-up turn on each native path goes first, unmeasured. Speech goes out at real-time
+pace in 20 ms frames, silence after it as a line sends; voice-to-voice = the end of the
+speech sent -> the first agent audio received. WER is of `transcript.final` against the
+script (jiwer, lower-cased words); `reply_recovered` is the
 share of the transcript's words the ASR finds again in the agent's spoken reply, decoded
 (how intelligible the reply stays through mu-law). Targets (issue 27): WER over mu-law
 within 0.05 of the 16 kHz figure; voice-to-voice within 30 ms (paired per sentence).
@@ -180,6 +181,9 @@ def recovered(reference: list[str], heard: list[str]) -> float:
 
 async def run(urls: dict[str, str], sentences: list[str]) -> list[dict[str, Any]]:
     ws = urls["gateway"].replace("http", "ws")
+    warm = VOICES["espeak en-us 160 wpm"]("hello there")
+    for path in ("pcm16k", "mulaw8k"):  # first turns load what loads lazily: not measured
+        await native_turn(f"{ws}/v1/stream", path, warm)
     rows = []
     for voice, say in VOICES.items():
         for sentence in sentences:
