@@ -4,9 +4,11 @@ at 8 kHz, against PCM16 at 16 kHz, on the same sentences.
     python -m benchmarks.telephony --out benchmarks/results/telephony_lite.json
 
 The lite stack as processes (`voice-agent up`'s layout: faster-whisper tiny.en, Piper,
-Silero VAD, the echo agent). Each sentence, in each voice, is spoken three ways, one turn
-on a fresh connection each, alternating so the machine's drift falls on all three alike:
+Silero VAD, the echo agent). Each sentence, in each voice, is spoken four ways, one turn
+on a fresh connection each, alternating so the machine's drift falls on all alike:
 - `pcm16k`: `/v1/stream`, PCM16 at 16 kHz both ways (the reference);
+- `pcm8k`: `/v1/stream`, PCM16 at 8 kHz both ways: the same speech resampled to 8 kHz, no
+  companding (what the telephone band alone costs);
 - `mulaw8k`: `/v1/stream` with `session.update` `input_format`/`output_format` `pcmu`: the
   same speech resampled to 8 kHz and mu-law coded (what a phone line carries), the agent's
   reply coming back in mu-law at 8 kHz;
@@ -57,12 +59,14 @@ VOICES: dict[str, Voice] = {
     "espeak en-us 160 wpm": espeak("en-us", 160),
     "piper joe 1.0": piper(1.0),
 }
-PATHS = ("pcm16k", "mulaw8k", "twilio")
+PATHS = ("pcm16k", "pcm8k", "mulaw8k", "twilio")
+NATIVE = ("pcm16k", "pcm8k", "mulaw8k")
 FRAME_MS = 20
 LEAD_S = 0.3
 TAIL_S = 4.0  # more than the smart-turn policy's 2 s fallback
-FORMATS = {
+FORMATS: dict[str, dict[str, Any]] = {
     "pcm16k": {"input_sample_rate": 16000, "output_sample_rate": 16000},
+    "pcm8k": {"input_sample_rate": 8000, "output_sample_rate": 8000},
     "mulaw8k": {"input_format": "pcmu", "output_format": "pcmu"},
 }
 
@@ -75,7 +79,7 @@ def frames(audio16k: np.ndarray[Any, Any], path: str) -> tuple[list[bytes], int]
     lead, tail = np.zeros(int(LEAD_S * rate), np.float32), np.zeros(int(TAIL_S * rate), np.float32)
     audio = np.concatenate([lead, audio, tail])
     pcm = float_to_pcm16(audio)
-    data = pcm if path == "pcm16k" else g711.encode(pcm, "pcmu")
+    data = g711.encode(pcm, "pcmu") if path == "mulaw8k" else pcm
     step = (len(data) // audio.size) * rate * FRAME_MS // 1000
     chunks = [data[i : i + step] for i in range(0, len(data), step)]
     spoken = -(-speech_end(audio) // (rate * FRAME_MS // 1000))
@@ -126,7 +130,10 @@ async def native_turn(url: str, path: str, audio16k: np.ndarray[Any, Any]) -> di
         await asyncio.wait_for(reader, 30)
     first = next((t for t in seen["audio_at"] if t >= ended), None)
     reply = bytes(seen["audio"])
-    reply16k = pcm16_to_float(reply) if path == "pcm16k" else _from_mulaw(reply)
+    if path == "mulaw8k":
+        reply16k = _from_mulaw(reply)
+    else:
+        reply16k = resample(pcm16_to_float(reply), FORMATS[path]["output_sample_rate"], 16000)
     return {
         "transcript": seen.get("transcript.final", {}).get("text", ""),
         "voice_to_voice_ms": None if first is None else round((first - ended) * 1000, 1),
@@ -182,7 +189,7 @@ def recovered(reference: list[str], heard: list[str]) -> float:
 async def run(urls: dict[str, str], sentences: list[str]) -> list[dict[str, Any]]:
     ws = urls["gateway"].replace("http", "ws")
     warm = VOICES["espeak en-us 160 wpm"]("hello there")
-    for path in ("pcm16k", "mulaw8k"):  # first turns load what loads lazily: not measured
+    for path in NATIVE:  # first turns load what loads lazily: not measured
         await native_turn(f"{ws}/v1/stream", path, warm)
     rows = []
     for voice, say in VOICES.items():
@@ -199,6 +206,39 @@ async def run(urls: dict[str, str], sentences: list[str]) -> list[dict[str, Any]
                 rows.append({"voice": voice, "sentence": sentence, "path": path, **row})
                 print(json.dumps(rows[-1]), flush=True)
     return rows
+
+
+def codec_costs(frames_n: int = 2000) -> dict[str, Any]:
+    """What the telephone path adds in process, per frame: mu-law 20 ms in -> PCM16, 8 ->
+    16 kHz (plus the filter's group delay, the one delay it adds), and 40 ms out -> mu-law."""
+    from services.common.audio.listener import to_vad_rate
+
+    rng = np.random.default_rng(7)
+    pcm_in = (rng.standard_normal(160) * 3000).astype("<i2").tobytes()
+    pcm_out = (rng.standard_normal(320) * 3000).astype("<i2").tobytes()
+    coded = g711.encode(pcm_in, "pcmu")
+    resampler = to_vad_rate(8000)
+    timings: dict[str, list[float]] = {"decode_20ms": [], "upsample_20ms": [], "encode_40ms": []}
+    for _ in range(frames_n):
+        t0 = time.perf_counter()
+        pcm = g711.decode(coded, "pcmu")
+        t1 = time.perf_counter()
+        resampler.process(pcm16_to_float(pcm))
+        t2 = time.perf_counter()
+        g711.encode(pcm_out, "pcmu")
+        t3 = time.perf_counter()
+        timings["decode_20ms"].append(t1 - t0)
+        timings["upsample_20ms"].append(t2 - t1)
+        timings["encode_40ms"].append(t3 - t2)
+    out: dict[str, Any] = {
+        f"{name}_us": {
+            "p50": round(statistics.median(v) * 1e6, 1),
+            "p99": round(sorted(v)[int(0.99 * len(v))] * 1e6, 1),
+        }
+        for name, v in timings.items()
+    }
+    out["upsample_group_delay_ms"] = round(getattr(resampler, "delay_ms", 0.0), 2)
+    return out
 
 
 def paired_delta(rows: list[dict[str, Any]], path: str) -> dict[str, Any]:
@@ -254,6 +294,12 @@ def report(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "transcript_wer": round(wer_gap, 4),
             "voice_to_voice": paired_delta(rows, "mulaw8k"),
         },
+        "pcm8k_minus_pcm16k": {
+            "transcript_wer": round(
+                out["pcm8k"]["transcript_wer"] - out["pcm16k"]["transcript_wer"], 4
+            ),
+            "voice_to_voice": paired_delta(rows, "pcm8k"),
+        },
         "twilio_minus_pcm16k": {"voice_to_voice": paired_delta(rows, "twilio")},
         "targets": {"wer_gap_max": 0.05, "voice_to_voice_gap_max_ms": 30},
     }
@@ -276,7 +322,7 @@ def main() -> None:
             "frame_ms": FRAME_MS,
             "input_8k_to_vad": "polyphase, 4 ms group delay",
         },
-        "summary": report(rows),
+        "summary": {**report(rows), "in_process": codec_costs()},
         "turns": rows,
     }
     print(json.dumps(result["summary"], indent=2))

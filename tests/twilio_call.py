@@ -126,12 +126,8 @@ class TwilioCall:
         n = 0
         while True:
             frame = self._queue.popleft() if self._queue else SILENCE
-            if self._speech_left > 0:
-                self._speech_left -= 1
-                if self._speech_left == 0:
-                    self.speech_ended_at = time.monotonic() + FRAME_MS / 1000
-            if not self._queue:
-                self._said.set()
+            last_of_speech = self._speech_left == 1
+            self._speech_left = max(0, self._speech_left - 1)
             self._chunk += 1
             media = {
                 "track": "inbound",
@@ -140,6 +136,10 @@ class TwilioCall:
                 "payload": base64.b64encode(frame).decode("ascii"),
             }
             await self._send({"event": "media", "streamSid": self.stream_sid, "media": media})
+            if last_of_speech:  # as a paced client counts it: when its last frame went out
+                self.speech_ended_at = time.monotonic()
+            if not self._queue:
+                self._said.set()
             n += 1
             delay = start + n * FRAME_MS / 1000 - time.monotonic()
             if delay > 0:
