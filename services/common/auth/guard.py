@@ -229,16 +229,13 @@ class AuthGuard:
         return True
 
     async def _serve_session(self, scope: Scope, receive: Receive, send: Send) -> None:
-        session = self._session(scope)
-        try:
-            await session.__aenter__()
-        except VoiceAgentError as exc:
-            await self._refuse(scope, receive, send, exc)
-            return
-        try:
+        async with contextlib.AsyncExitStack() as held:
+            try:
+                await held.enter_async_context(self._session(scope))
+            except VoiceAgentError as exc:
+                await self._refuse(scope, receive, send, exc)
+                return
             await self.app(scope, receive, send)
-        finally:
-            await session.__aexit__(None, None, None)
 
     @contextlib.asynccontextmanager
     async def _session(self, scope: Scope) -> AsyncIterator[None]:
