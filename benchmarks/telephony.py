@@ -21,6 +21,12 @@ script (jiwer, lower-cased words); `reply_recovered` is the
 share of the transcript's words the ASR finds again in the agent's spoken reply, decoded
 (how intelligible the reply stays through mu-law). Targets (issue 27): WER over mu-law
 within 0.05 of the 16 kHz figure; voice-to-voice within 30 ms (paired per sentence).
+
+    python -m benchmarks.telephony --offline --out benchmarks/results/telephony_asr_offline.json
+
+runs the ASR alone on the same sentences (tiny.en in process): wideband, the 8 kHz band
+alone, with mu-law, and mu-law upsampled by soxr instead of the polyphase filter, to say
+where a WER gap comes from.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -305,12 +312,73 @@ def report(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _upsampled(audio8k: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """8 -> 16 kHz as the gateway hears a phone: the streaming polyphase filter, 20 ms a time."""
+    from services.common.audio.listener import to_vad_rate
+
+    resampler = to_vad_rate(8000)
+    step = 160
+    parts = [resampler.process(audio8k[i : i + step]) for i in range(0, audio8k.size, step)]
+    return np.concatenate([*parts, resampler.process(np.zeros(step, np.float32))])
+
+
+def _mulaw(audio8k: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    return pcm16_to_float(g711.decode(g711.encode(float_to_pcm16(audio8k), "pcmu"), "pcmu"))
+
+
+OFFLINE: dict[str, Callable[[np.ndarray[Any, Any]], np.ndarray[Any, Any]]] = {
+    "pcm16k": lambda a: a,
+    "pcm8k_polyphase": lambda a: _upsampled(resample(a, 16000, 8000)),
+    "mulaw8k_polyphase": lambda a: _upsampled(_mulaw(resample(a, 16000, 8000))),
+    "mulaw8k_soxr": lambda a: resample(_mulaw(resample(a, 16000, 8000)), 8000, 16000),
+}
+"""The ASR alone (in process, no stack, no VAD): where a telephone WER gap comes from."""
+
+
+def offline(sentences: list[str]) -> dict[str, Any]:
+    """Each sentence in each voice through tiny.en four ways: wideband; the 8 kHz band alone;
+    mu-law too; mu-law upsampled by soxr instead of the polyphase filter."""
+    from services.asr.engines.base import AsrInput
+    from services.asr.engines.whisper import FasterWhisperEngine
+    from services.asr.settings import WhisperSettings
+
+    engine = FasterWhisperEngine(WhisperSettings())
+    engine.load()
+    pad, tail = np.zeros(4800, np.float32), np.zeros(8000, np.float32)
+    heard: dict[str, dict[str, list[str]]] = {way: {v: [] for v in VOICES} for way in OFFLINE}
+    for voice, say in VOICES.items():
+        for sentence in sentences:
+            audio = say(sentence)
+            items = [
+                AsrInput(np.concatenate([pad, way(audio), tail]).astype(np.float32), "en")
+                for way in OFFLINE.values()
+            ]
+            for way, out in zip(OFFLINE, engine.transcribe_batch(items), strict=True):
+                heard[way][voice].append(out.text)
+    return {
+        way: {
+            "wer": wer(sentences * len(VOICES), [t for v in VOICES for t in found[v]]),
+            "wer_by_voice": {v: wer(sentences, found[v]) for v in VOICES},
+        }
+        for way, found in heard.items()
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sentences", type=int, default=len(SENTENCES))
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--offline", action="store_true", help="the ASR alone, in process (OFFLINE's four ways)"
+    )
     args = parser.parse_args()
     sentences = list(SENTENCES[: args.sentences])
+    if args.offline:
+        body = {"benchmark": "telephony_asr_offline", "model": "tiny.en", **offline(sentences)}
+        print(json.dumps(body, indent=2))
+        if args.out:
+            write(args.out, body)
+        return
     with lite_stack() as urls:
         rows = asyncio.run(run(urls, sentences))
     result = {
