@@ -248,24 +248,32 @@ def codec_costs(frames_n: int = 2000) -> dict[str, Any]:
     return out
 
 
-def paired_delta(rows: list[dict[str, Any]], path: str) -> dict[str, Any]:
-    """Voice-to-voice of `path` minus pcm16k's, sentence by sentence (same voice)."""
+def _deltas(rows: list[dict[str, Any]], path: str, voice: str | None) -> list[float]:
     base = {
         (r["voice"], r["sentence"]): r["voice_to_voice_ms"] for r in rows if r["path"] == "pcm16k"
     }
-    deltas = [
+    return [
         r["voice_to_voice_ms"] - base[(r["voice"], r["sentence"])]
         for r in rows
         if r["path"] == path
+        and (voice is None or r["voice"] == voice)
         and r["voice_to_voice_ms"] is not None
         and base.get((r["voice"], r["sentence"])) is not None
     ]
+
+
+def paired_delta(rows: list[dict[str, Any]], path: str) -> dict[str, Any]:
+    """Voice-to-voice of `path` minus pcm16k's, sentence by sentence (same voice): all
+    pairs, and each voice's median."""
+    deltas = _deltas(rows, path, None)
     if not deltas:
         return {}
+    by_voice = {v: _deltas(rows, path, v) for v in VOICES}
     return {
         "median_ms": round(statistics.median(deltas), 1),
         "mean_ms": round(statistics.fmean(deltas), 1),
         "pairs": len(deltas),
+        "median_ms_by_voice": {v: round(statistics.median(d), 1) for v, d in by_voice.items() if d},
     }
 
 
@@ -368,11 +376,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sentences", type=int, default=len(SENTENCES))
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--summarize", type=Path, help="recompute a results file's summary")
     parser.add_argument(
         "--offline", action="store_true", help="the ASR alone, in process (OFFLINE's four ways)"
     )
     args = parser.parse_args()
     sentences = list(SENTENCES[: args.sentences])
+    if args.summarize:  # the summary again from a results file's turns (no new run)
+        done = json.loads(args.summarize.read_text())
+        done["summary"] = {**report(done["turns"]), "in_process": done["summary"]["in_process"]}
+        args.summarize.write_text(json.dumps(done, indent=2) + "\n")
+        print(json.dumps(done["summary"], indent=2))
+        return
     if args.offline:
         body = {"benchmark": "telephony_asr_offline", "model": "tiny.en", **offline(sentences)}
         print(json.dumps(body, indent=2))
