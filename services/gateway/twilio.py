@@ -62,6 +62,8 @@ class TwilioCodec:
         self.call_sid = ""
         self.parameters: dict[str, str] = {}
         """The `<Parameter>`s of the call's `<Stream>` (its `customParameters`)."""
+        self.start_refused = False
+        """The `start` named a media format the gateway does not take: the call cannot go on."""
         self._reply: str | None = None  # the reply whose audio is going out
         self._sent = 0  # its PCM16 bytes sent so far
 
@@ -97,6 +99,7 @@ class TwilioCodec:
             raise tw.TwilioError(f"a second start on stream {self.stream_sid}")
         fmt = start.mediaFormat
         if _ENCODINGS.get(fmt.encoding) is None or fmt.sampleRate != 8000 or fmt.channels != 1:
+            self.start_refused = True
             raise tw.TwilioError(
                 f"start.mediaFormat {fmt.encoding} {fmt.sampleRate} Hz x{fmt.channels}: "
                 "only audio/x-mulaw at 8000 Hz, mono"
@@ -159,8 +162,9 @@ class TwilioCodec:
 
 
 async def wait_for_start(channel: SessionChannel, codec: TwilioCodec, timeout_s: float) -> bool:
-    """Read the stream's first messages until its `start` (True), or until it stops, leaves
-    or keeps silent for `timeout_s` (False). Malformed messages cost an error count."""
+    """Read the stream's first messages until its `start` (True), or until it stops, leaves,
+    starts in a format the gateway does not take, or keeps silent for `timeout_s` (False).
+    Malformed messages cost an error count."""
     try:
         async with asyncio.timeout(timeout_s):
             while codec.stream_sid is None:
@@ -172,6 +176,8 @@ async def wait_for_start(channel: SessionChannel, codec: TwilioCodec, timeout_s:
                     decoded = codec.decode(frame)
                 except VoiceAgentError as exc:
                     await channel.send_error(exc)
+                    if codec.start_refused:
+                        return False
                     continue
                 if any(isinstance(item, SessionClose) for item in decoded.inputs):
                     return False

@@ -168,3 +168,17 @@ def test_mu_law_speech_is_what_the_test_says() -> None:
     audio = speak(SENTENCE, 8000)
     back = pcm16_to_float(g711.decode(g711.encode(float_to_pcm16(audio), "pcmu"), "pcmu"))
     assert np.corrcoef(audio, back)[0, 1] > 0.99
+
+
+async def test_a_stream_in_another_format_is_closed_at_once(lite_stack: Stack) -> None:
+    start = {
+        "streamSid": "MZ1",
+        "accountSid": "AC1",
+        "callSid": "CA1",
+        "mediaFormat": {"encoding": "audio/x-l16", "sampleRate": 16000, "channels": 1},
+    }
+    async with websockets.connect(_url(lite_stack), open_timeout=10) as ws:
+        await ws.send(json.dumps({"event": "start", "start": start, "streamSid": "MZ1"}))
+        await asyncio.wait_for(ws.wait_closed(), 5)  # not the 10 s start timeout
+    assert ws.close_code == 1000
+    assert not _sessions(lite_stack)

@@ -93,8 +93,10 @@ def test_media_before_start_and_a_foreign_format_are_refused() -> None:
         TwilioCodec().decode(_media(b"\xff"))
     alaw = json.loads(json.dumps(START))
     alaw["start"]["mediaFormat"]["sampleRate"] = 16000
+    codec = TwilioCodec()
     with pytest.raises(tw.TwilioError, match="8000"):
-        TwilioCodec().decode(_frame(alaw))
+        codec.decode(_frame(alaw))
+    assert codec.start_refused and codec.stream_sid is None
 
 
 def test_audio_goes_out_as_media_then_a_mark_and_marks_come_back() -> None:
