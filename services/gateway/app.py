@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -16,7 +17,7 @@ from services.common import metrics as common_metrics
 from services.common.audio.listener import HearingBatcher, Listener
 from services.common.audio.vad import SileroVad
 from services.common.auth.credentials import app_subprotocol, is_loopback
-from services.common.auth.guard import meter_of, principal_of, refuse_handshake
+from services.common.auth.guard import late_admission, meter_of, principal_of, refuse_handshake
 from services.common.auth.relay import relay_headers
 from services.common.auth.tokens_api import install_auth
 from services.common.bus.connection import connect
@@ -42,6 +43,7 @@ from services.gateway.settings import GatewaySettings
 from services.gateway.static import static_router
 from services.gateway.store import SessionStore
 from services.gateway.turn_end import EndOfTurn, create_policy, listening
+from services.gateway.twilio import TWILIO_SESSION, TwilioCodec, wait_for_start
 
 log = logging.getLogger(__name__)
 
@@ -321,6 +323,29 @@ def create_app(
         if admitted is not None:
             initial = {**REALTIME_SESSION, **({"agent": model} if model in agents else {})}
             await run_session(ws, *admitted, initial)
+
+    @app.websocket("/v1/twilio")
+    async def twilio(ws: WebSocket) -> None:
+        """A phone call: Twilio Media Streams (`<Connect><Stream url=".../v1/twilio">`). The
+        credential, when authentication is on, comes in the stream's `start` (a custom
+        parameter): no session before it is checked."""
+        codec = TwilioCodec()
+        admitted = await admit(ws, codec, None)
+        if admitted is None:
+            return
+        channel, restored = admitted
+        try:
+            if not await wait_for_start(channel, codec, section.twilio.start_timeout_s):
+                await channel.close(1000, "no stream started")
+                return
+            late = late_admission(ws)
+            token = codec.parameters.get(section.twilio.token_parameter)
+            door = late(token) if late is not None else contextlib.nullcontext()
+            async with door:
+                await run_session(ws, channel, restored, TWILIO_SESSION)
+        except VoiceAgentError as exc:  # refused at the late door (already counted)
+            log.warning("twilio stream %s refused: %s", codec.stream_sid, exc.message)
+            await channel.fail(exc)
 
     @app.get("/v1/agents")
     async def list_agents() -> dict[str, Any]:

@@ -4,8 +4,9 @@ A `Codec` turns a client's frames into typed inputs (native client events and au
 typed server events into frames; `SessionChannel` does the socket I/O around it. The
 session only ever sees typed inputs and sends typed events, whatever the client speaks:
 `/v1/stream` (`NativeCodec`), `/v1/realtime` (OpenAI Realtime, `realtime.RealtimeCodec`),
-or any other format a codec is written for. Errors are encoded once, at this edge, with
-their `fatal` flag.
+`/v1/twilio` (Twilio Media Streams, `twilio.TwilioCodec`), or any other format a codec is
+written for. Audio codings (PCM16, G.711) are undone here too (`WireAudio`): the session
+only ever sees PCM16. Errors are encoded once, at this edge, with their `fatal` flag.
 """
 
 from __future__ import annotations
@@ -15,8 +16,18 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from services.common import metrics
+from services.common.audio import g711
 from services.common.errors import VoiceAgentError
-from services.common.protocol.events import CLIENT_EVENTS, ClientEvent, ErrorEvent, Event, parse
+from services.common.protocol.events import (
+    CLIENT_EVENTS,
+    AudioEncoding,
+    ClientEvent,
+    ErrorEvent,
+    Event,
+    SessionCreated,
+    SessionUpdated,
+    parse,
+)
 from services.common.service.ws import Channel, Frame
 
 log = logging.getLogger(__name__)
@@ -29,7 +40,16 @@ class AudioIn:
     pcm: bytes
 
 
-ClientInput = ClientEvent | AudioIn
+@dataclass(frozen=True, slots=True)
+class AudioPlayed:
+    """The client says a reply's audio has played up to here (PCM16 bytes at the output
+    rate): Twilio's marks coming back. Such a codec sets `confirms_playout`."""
+
+    response_id: str
+    played_bytes: int
+
+
+ClientInput = ClientEvent | AudioIn | AudioPlayed
 """What a codec makes of a client frame, for the session."""
 Outgoing = str | bytes
 """A frame for the client: text or binary."""
@@ -44,8 +64,34 @@ class Decoded:
     replies: list[Outgoing] = field(default_factory=list)
 
 
+class WireAudio:
+    """The session's audio codings as the client sent them last (`session.created` and
+    `session.updated` say): PCM16 passes through, G.711 is decoded to and encoded from PCM16
+    by table (services/common/audio/g711.py: nothing held back)."""
+
+    def __init__(self, given: AudioEncoding = "pcm16", sent: AudioEncoding = "pcm16") -> None:
+        self.given = given
+        self.sent = sent
+
+    def follow(self, event: Event) -> None:
+        if isinstance(event, SessionCreated | SessionUpdated):
+            self.given, self.sent = event.session.input_format, event.session.output_format
+
+    def to_pcm(self, data: bytes) -> bytes:
+        """Client audio → PCM16."""
+        return data if self.given == "pcm16" else g711.decode(data, self.given)
+
+    def from_pcm(self, pcm: bytes) -> bytes:
+        """PCM16 → the client's coding."""
+        return pcm if self.sent == "pcm16" else g711.encode(pcm, self.sent)
+
+
 class Codec(Protocol):
-    """A wire format. Decoding a frame the format refuses raises a VoiceAgentError."""
+    """A wire format. Decoding a frame the format refuses raises a VoiceAgentError.
+    `confirms_playout`: the client reports what has played (`AudioPlayed`), so what the user
+    heard of a reply is what it confirmed, not what the clock says."""
+
+    confirms_playout: bool
 
     def decode(self, frame: Frame) -> Decoded: ...
 
@@ -57,18 +103,25 @@ class Codec(Protocol):
 
 
 class NativeCodec:
-    """`/v1/stream`: JSON client events and raw PCM16 binary frames (docs/protocol.md)."""
+    """`/v1/stream`: JSON client events and binary audio frames (PCM16, or G.711 once the
+    session's formats say so: docs/protocol.md)."""
+
+    confirms_playout = False
+
+    def __init__(self) -> None:
+        self.audio = WireAudio()
 
     def decode(self, frame: Frame) -> Decoded:
         if frame.data is not None:
-            return Decoded([AudioIn(frame.data)])
+            return Decoded([AudioIn(self.audio.to_pcm(frame.data))])
         return Decoded([parse(CLIENT_EVENTS, frame.text or "")])
 
     def encode(self, event: Event) -> list[Outgoing]:
+        self.audio.follow(event)
         return [event.dump()]
 
     def encode_audio(self, pcm: bytes) -> list[Outgoing]:
-        return [pcm]
+        return [self.audio.from_pcm(pcm)]
 
     def encode_error(self, exc: VoiceAgentError, fatal: bool) -> list[Outgoing]:
         return [ErrorEvent(code=exc.code, message=exc.message, fatal=fatal).dump()]

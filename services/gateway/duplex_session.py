@@ -53,7 +53,7 @@ from services.common.protocol.events import (
 from services.common.service.ws import Disconnected
 from services.gateway import metrics
 from services.gateway.agent import Turn
-from services.gateway.codec import AudioIn, ClientInput, SessionChannel
+from services.gateway.codec import AudioIn, AudioPlayed, ClientInput, SessionChannel
 from services.gateway.duplex_link import DuplexLink
 from services.gateway.hearing import new_id, turn_settings
 from services.gateway.settings import GatewaySection
@@ -176,6 +176,8 @@ class DuplexSession:
                 self.utterance_id = None
             case SessionClose():
                 raise SessionClosed
+            case AudioPlayed():
+                pass  # a telephone bridge's marks: the duplex model's playout is timed
             case _:  # response.create, conversation.text, response.cancel, and the like
                 raise NotSupported(
                     f"{item.type} is not supported by the duplex backend: the model hears "
@@ -227,7 +229,7 @@ class DuplexSession:
         """New settings: rates change the resamplers (the model's state is kept), turn
         detection the VAD; the rest is kept for the session (the model uses none of it)."""
         patch = message.session.model_dump(exclude_none=True)
-        config = SessionConfig.model_validate({**self.config.model_dump(), **patch})
+        config = self.config.patched(patch)
         ready = self.link.ready
         if config.input_sample_rate != self.config.input_sample_rate:
             self.listener.set_input_rate(config.input_sample_rate)

@@ -12,6 +12,11 @@ SESSIONS = Gauge("va_gateway_sessions_active", "Sessions open on this gateway pr
 SESSIONS_REFUSED = Counter(
     "va_gateway_sessions_refused_total", "Sessions refused at admission, by reason.", ["reason"]
 )
+TWILIO_MESSAGES = Counter(
+    "va_gateway_twilio_messages_total",
+    "Twilio Media Streams messages received on /v1/twilio, by event (`invalid`: refused).",
+    ["event"],
+)
 ASR_ROUNDTRIP = Histogram(
     "va_gateway_asr_seconds",
     "From end of turn to the final transcript (Redis round trip and ASR).",

@@ -49,7 +49,7 @@ from services.common.protocol.events import (
 from services.common.service.ws import Frame
 from services.gateway import realtime_events as rt
 from services.gateway import realtime_shapes as shapes
-from services.gateway.codec import AudioIn, ClientInput, Decoded, Outgoing
+from services.gateway.codec import AudioIn, ClientInput, Decoded, Outgoing, WireAudio
 
 REALTIME_SESSION: dict[str, object] = {"input_sample_rate": 24000, "output_sample_rate": 24000}
 """A `/v1/realtime` session starts with OpenAI's formats: PCM16 at 24 kHz both ways."""
@@ -70,6 +70,8 @@ class _Reply:
 class RealtimeCodec:
     """OpenAI Realtime events to the client, typed native inputs to the Session."""
 
+    confirms_playout = False
+
     def __init__(
         self,
         beta: bool = False,
@@ -81,6 +83,8 @@ class RealtimeCodec:
         self.agents = agents
         """The gateway's agents: a `session.update` `model` naming one picks it."""
         self.config: SessionConfig | None = None
+        self.audio = WireAudio()
+        """The session's audio codings (PCM16, or G.711 for `audio/pcmu` / `audio/pcma`)."""
         self._client_event: str | None = None  # event_id of the client event being handled
         self._open_item: str | None = None  # the user's utterance the VAD has open
         self._last_item: str | None = None
@@ -93,8 +97,8 @@ class RealtimeCodec:
     # ------------------------------------------------------------ client → Session
 
     def decode(self, frame: Frame) -> Decoded:
-        if frame.data is not None:
-            return Decoded([AudioIn(frame.data)])  # raw PCM16 at the input rate, as on /v1/stream
+        if frame.data is not None:  # raw audio at the input rate and coding, as on /v1/stream
+            return Decoded([AudioIn(self.audio.to_pcm(frame.data))])
         inputs = self._translate(frame.text or "")
         return Decoded(inputs, self._flush())
 
@@ -176,11 +180,12 @@ class RealtimeCodec:
 
     def _append(self, audio: str) -> list[ClientInput]:
         try:
-            pcm = base64.b64decode(audio, validate=True)
+            data = base64.b64decode(audio, validate=True)
         except (binascii.Error, ValueError) as exc:
             raise InvalidAudio("input_audio_buffer.append: audio is not valid base64") from exc
-        if not pcm or len(pcm) % 2:
+        if not data or (self.audio.given == "pcm16" and len(data) % 2):
             raise InvalidAudio("input_audio_buffer.append: audio must be whole PCM16 samples")
+        pcm = self.audio.to_pcm(data)
         rate = self.config.input_sample_rate if self.config else 24000
         step = 2 * rate  # the Session takes frames of at most one second
         return [AudioIn(pcm[start : start + step]) for start in range(0, len(pcm), step)]
@@ -204,6 +209,7 @@ class RealtimeCodec:
         match event:
             case SessionCreated() | SessionUpdated():
                 self.config = event.session
+                self.audio.follow(event)
                 kind = "session.created" if isinstance(event, SessionCreated) else "session.updated"
                 session = shapes.session_object(event.session, self.vad, self.beta)
                 self._emit({"type": kind, "session": session})
@@ -253,7 +259,7 @@ class RealtimeCodec:
     def encode_audio(self, pcm: bytes) -> list[Outgoing]:
         reply = self._reply
         if reply is not None:
-            delta = base64.b64encode(pcm).decode("ascii")
+            delta = base64.b64encode(self.audio.from_pcm(pcm)).decode("ascii")
             self._emit({"type": "response.output_audio.delta", **self._part(reply), "delta": delta})
         return self._flush()
 

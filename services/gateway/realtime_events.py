@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from services.common.audio.pcm import ALLOWED_SAMPLE_RATES
 from services.common.errors import InvalidMessage, UnsupportedSampleRate
-from services.common.protocol.events import TurnDetection
+from services.common.protocol.events import G711_RATE, AudioEncoding, TurnDetection
 
 RATES = ALLOWED_SAMPLE_RATES
 
@@ -23,7 +23,8 @@ class _Loose(BaseModel):
 
 
 class AudioFormat(_Loose):
-    """GA: `{"type": "audio/pcm", "rate": 24000}`."""
+    """GA: `{"type": "audio/pcm", "rate": 24000}`, `{"type": "audio/pcmu"}` (G.711 mu-law,
+    8 kHz) or `{"type": "audio/pcma"}` (A-law)."""
 
     type: str = "audio/pcm"
     rate: int | None = None
@@ -209,19 +210,41 @@ def _validate(raw: dict[str, Any]) -> ClientEvent:
         raise RealtimeError(f"{where}: {first['msg']}", "invalid_value", where) from exc
 
 
-def _rate(fmt: AudioFormat | str | None, where: str) -> int | None:
-    """The PCM16 rate of a format (None: unchanged); anything but PCM16 is refused."""
+FORMATS: dict[str, AudioEncoding] = {
+    "audio/pcm": "pcm16",
+    "audio/pcmu": "pcmu",
+    "audio/pcma": "pcma",
+    "pcm16": "pcm16",
+    "g711_ulaw": "pcmu",
+    "g711_alaw": "pcma",
+}
+"""OpenAI's format names (GA's `type`s, beta's strings) → the native session's codings."""
+
+
+def _format(fmt: AudioFormat | str | None, where: str) -> tuple[AudioEncoding, int] | None:
+    """The coding and rate of a format (None: unchanged). PCM16 at the wire's rates (24 kHz
+    unless given), G.711 mu-law / A-law at 8 kHz; anything else is refused."""
     if fmt is None:
         return None
-    if isinstance(fmt, str):
-        if fmt != "pcm16":
-            raise RealtimeError(f"{where} {fmt!r}: only 'pcm16' is supported", "invalid_value")
-        return 24000
-    if fmt.type != "audio/pcm":
-        raise RealtimeError(f"{where} {fmt.type!r}: only 'audio/pcm' is supported", "invalid_value")
-    if fmt.rate is not None and fmt.rate not in RATES:
-        raise UnsupportedSampleRate(f"{where}.rate {fmt.rate}: use one of {RATES}")
-    return fmt.rate or 24000
+    name, rate = (fmt, None) if isinstance(fmt, str) else (fmt.type, fmt.rate)
+    coding = FORMATS.get(name)
+    if coding is None or (isinstance(fmt, str) != (name in BETA_FORMATS)):
+        allowed = BETA_FORMATS if isinstance(fmt, str) else GA_FORMATS
+        raise RealtimeError(
+            f"{where} {name!r}: use one of {', '.join(repr(a) for a in allowed)}",
+            "invalid_value",
+        )
+    if coding != "pcm16":
+        if rate not in (None, G711_RATE):
+            raise UnsupportedSampleRate(f"{where}.rate {rate}: {name} is {G711_RATE} Hz only")
+        return coding, G711_RATE
+    if rate is not None and rate not in RATES:
+        raise UnsupportedSampleRate(f"{where}.rate {rate}: use one of {RATES}")
+    return coding, rate or 24000
+
+
+BETA_FORMATS = ("pcm16", "g711_ulaw", "g711_alaw")
+GA_FORMATS = ("audio/pcm", "audio/pcmu", "audio/pcma")
 
 
 def _turns(detection: RtTurnDetection | None) -> TurnDetection:
@@ -271,15 +294,15 @@ def native_patch(session: RtSession, agents: frozenset[str] = frozenset()) -> di
     voice = (audio.output.voice if audio.output else None) or session.voice
     if voice is not None:
         patch["voice"] = voice
-    in_rate = _rate(source.format or session.input_audio_format, "input format")
-    out_rate = _rate(
+    given = _format(source.format or session.input_audio_format, "input format")
+    sent = _format(
         (audio.output.format if audio.output else None) or session.output_audio_format,
         "output format",
     )
-    if in_rate is not None:
-        patch["input_sample_rate"] = in_rate
-    if out_rate is not None:
-        patch["output_sample_rate"] = out_rate
+    if given is not None:
+        patch["input_format"], patch["input_sample_rate"] = given
+    if sent is not None:
+        patch["output_format"], patch["output_sample_rate"] = sent
     if "turn_detection" in given_in:
         patch["turn_detection"] = _turns(source.turn_detection).model_dump(exclude_none=True)
     elif "turn_detection" in session.model_fields_set:

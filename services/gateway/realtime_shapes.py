@@ -41,6 +41,16 @@ def _tool_choice(config: SessionConfig) -> Any:
     return choice if isinstance(choice, str) else choice.model_dump()
 
 
+_GA_FORMATS = {"pcm16": "audio/pcm", "pcmu": "audio/pcmu", "pcma": "audio/pcma"}
+_BETA_FORMATS = {"pcm16": "pcm16", "pcmu": "g711_ulaw", "pcma": "g711_alaw"}
+
+
+def _format(coding: str, rate: int) -> dict[str, Any]:
+    """GA's format object: PCM with its rate; G.711 (8 kHz only) without one."""
+    kind = _GA_FORMATS[coding]
+    return {"type": kind, "rate": rate} if coding == "pcm16" else {"type": kind}
+
+
 def session_object(config: SessionConfig, vad: VadSettings, beta: bool) -> dict[str, Any]:
     """The session as OpenAI's clients read it, from the native session settings."""
     transcription = {"model": TRANSCRIPTION_MODEL, "language": config.language, "prompt": ""}
@@ -60,8 +70,8 @@ def session_object(config: SessionConfig, vad: VadSettings, beta: bool) -> dict[
             **common,
             "modalities": ["audio", "text"],
             "voice": config.voice,
-            "input_audio_format": "pcm16",
-            "output_audio_format": "pcm16",
+            "input_audio_format": _BETA_FORMATS[config.input_format],
+            "output_audio_format": _BETA_FORMATS[config.output_format],
             "input_audio_transcription": transcription,
             "turn_detection": turns,
             "max_response_output_tokens": "inf",
@@ -73,13 +83,13 @@ def session_object(config: SessionConfig, vad: VadSettings, beta: bool) -> dict[
         "max_output_tokens": "inf",
         "audio": {
             "input": {
-                "format": {"type": "audio/pcm", "rate": config.input_sample_rate},
+                "format": _format(config.input_format, config.input_sample_rate),
                 "transcription": transcription,
                 "noise_reduction": None,
                 "turn_detection": turns,
             },
             "output": {
-                "format": {"type": "audio/pcm", "rate": config.output_sample_rate},
+                "format": _format(config.output_format, config.output_sample_rate),
                 "voice": config.voice,
                 "speed": 1.0,
             },

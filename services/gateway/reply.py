@@ -73,6 +73,9 @@ class ReplyContext:
     user heard (all of it when completed)."""
     voice_to_voice: Callable[[float], None] = lambda _seconds: None
     """Told the voice-to-voice of each reply that answers speech (seconds)."""
+    confirms_playout: bool = False
+    """The client reports what has played (Twilio's marks): the user heard that much,
+    whatever the clock says."""
 
 
 @dataclass
@@ -80,6 +83,8 @@ class _Playout:
     started: float | None = None
     sent_bytes: int = 0
     first_tts_at: float | None = None
+    confirmed_bytes: int = 0
+    """What the client said has played (`Reply.played`)."""
 
 
 @dataclass
@@ -333,8 +338,17 @@ class Reply:
         metrics.RESPONSES.labels(status).inc()
         await self.ctx.finished(self, status, text)
 
+    def played(self, played_bytes: int) -> None:
+        """The client says its audio has played up to here (a mark came back)."""
+        if not self.done:
+            confirmed = min(played_bytes, self.playout.sent_bytes)
+            self.playout.confirmed_bytes = max(self.playout.confirmed_bytes, confirmed)
+
     def _heard_bytes(self) -> int:
-        """Audio that played at the client: sent, minus what its buffer still held."""
+        """Audio that played at the client: what it confirmed, where it confirms; else sent
+        minus what its buffer still held, by the clock."""
+        if self.ctx.confirms_playout:
+            return self.playout.confirmed_bytes
         if self.playout.started is None:
             return 0
         rate = self.config.output_sample_rate

@@ -45,7 +45,7 @@ from services.common.protocol.events import (
 from services.gateway import metrics
 from services.gateway.agent import Agent, Turn, reply_turns
 from services.gateway.bus import GatewayBus
-from services.gateway.codec import AudioIn, ClientInput, SessionChannel
+from services.gateway.codec import AudioIn, AudioPlayed, ClientInput, SessionChannel
 from services.gateway.hearing import Hearing, Utterance
 from services.gateway.replies import Replies
 from services.gateway.reply import Reply, ReplyContext, Status
@@ -125,6 +125,7 @@ class Session:
             self.clock,
             self._reply_ended,
             services.voice_to_voice,
+            channel.codec.confirms_playout,
         )
         self.replies = Replies(
             context, self.settings, services.agents, lambda: self.config, self.history
@@ -172,15 +173,20 @@ class Session:
                 raise SessionClosed
             case ConversationToolResult():
                 await self._tool_result(item)
+            case AudioPlayed():
+                reply = self.replies.of(item.response_id)
+                if reply is not None:
+                    reply.played(item.played_bytes)
 
     async def _update(self, message: SessionUpdate) -> None:
         patch = message.session.model_dump(exclude_none=True)
         if "agent" in patch and patch["agent"] not in self.services.agents:
             known = ", ".join(sorted(self.services.agents))
             raise InvalidMessage(f"unknown agent {patch['agent']!r}; choose one of {known}")
+        config = self.config.patched(patch)
         if "input_sample_rate" in patch:
             self.hearing.set_input_rate(patch["input_sample_rate"])
-        self.config = SessionConfig.model_validate({**self.config.model_dump(), **patch})
+        self.config = config
         self.hearing.config = self.config
         if "turn_detection" in patch:
             self.hearing.set_turn_detection(self.config.turn_detection)

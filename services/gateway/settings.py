@@ -17,6 +17,16 @@ from services.gateway.admission import AdmissionSettings
 from services.gateway.llm import LlmSettings
 
 
+class TwilioSettings(BaseModel):
+    """`/v1/twilio`: Twilio Media Streams (docs/telephony.md)."""
+
+    token_parameter: str = Field(default="token", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    """The `<Parameter>` of the `<Stream>` (Twilio's `customParameters`) that carries the
+    client token or API key when authentication is on (Twilio sends no headers)."""
+    start_timeout_s: float = Field(default=10.0, ge=0.5, le=120)
+    """A stream that has not sent `start` after this long is closed."""
+
+
 class GatewaySection(BaseModel):
     """The gateway proper."""
 
@@ -58,6 +68,8 @@ class GatewaySection(BaseModel):
     """Size of the agent audio frames sent to the client."""
     output_lead_ms: int = Field(default=200, ge=0, le=5000)
     """How far ahead of real time agent audio is sent (the client's buffer)."""
+    twilio: TwilioSettings = TwilioSettings()
+    """Phone calls through Twilio Media Streams (`/v1/twilio`)."""
     asr_timeout_s: float = Field(default=15.0, ge=0.5, le=300)
     """An utterance without a transcript after this long is reported `asr_unavailable`."""
     tts_timeout_s: float = Field(default=15.0, ge=0.5, le=300)

@@ -286,3 +286,30 @@ async def test_a_drain_closes_duplex_sessions_with_1012_and_frees_their_slots(
         async with asyncio.timeout(10):
             while _duplex_sessions(stack):
                 await asyncio.sleep(0.02)
+
+
+async def test_a_g711_session_hears_the_echo_in_mu_law(stack: DuplexStack) -> None:
+    """Telephone audio on the duplex backend: the codec undoes mu-law both ways, the
+    session's resamplers go 8 kHz <-> the model's 24 kHz (docs/telephony.md)."""
+    from services.common.audio import g711
+
+    async with session(stack.stream_url) as client:
+        await client.event("response.created")
+        formats = {"input_format": "pcmu", "output_format": "pcmu"}
+        await client.send({"type": "session.update", "session": formats})
+        updated = await client.event("session.updated")
+        assert updated["session"]["input_sample_rate"] == 8000
+        pcm = _speech(8000)
+        coded = g711.encode(pcm, "pcmu")
+        for start in range(0, len(coded), 160):  # 20 ms frames of mu-law bytes
+            await client.ws.send(coded[start : start + 160])
+        frames = len(pcm) // 2 // 640  # 80 ms model frames, at 8 kHz
+        await client.until(lambda: len(client.audio) >= (frames - 1) * 640)
+        await client.send({"type": "session.close"})
+        await client.until(lambda: client.ws.close_code is not None)
+    sent = pcm16_to_float(g711.decode(coded, "pcmu"))
+    heard = pcm16_to_float(g711.decode(bytes(client.audio), "pcmu"))  # one byte a sample
+    lag, gain, correlation = lag_and_gain(sent, heard, 640 + 200)
+    assert 640 <= lag < 640 + 80  # one model frame late, and the filters' few ms
+    assert gain == pytest.approx(0.5, abs=0.05)
+    assert correlation > 0.95

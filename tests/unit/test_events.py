@@ -100,6 +100,8 @@ def test_server_events_serialize_per_contract() -> None:
             "id": "s",
             "input_sample_rate": 16000,
             "output_sample_rate": 24000,
+            "input_format": "pcm16",
+            "output_format": "pcm16",
             "voice": "default",
             "language": "en",
             "agent": "echo",
@@ -108,3 +110,29 @@ def test_server_events_serialize_per_contract() -> None:
     }
     error = json.loads(ErrorEvent(code="invalid_audio", message="m").dump())
     assert error == {"type": "error", "code": "invalid_audio", "message": "m", "fatal": False}
+
+
+def test_g711_formats_bring_their_8k_rate() -> None:
+    update = parse(
+        CLIENT_EVENTS,
+        '{"type":"session.update","session":{"input_format":"pcmu","output_format":"pcma"}}',
+    )
+    assert isinstance(update, SessionUpdate)
+    patch = update.session.model_dump(exclude_none=True)
+    assert patch == {
+        "input_format": "pcmu",
+        "input_sample_rate": 8000,
+        "output_format": "pcma",
+        "output_sample_rate": 8000,
+    }
+    config = SessionConfig(id="s").patched(patch)
+    assert (config.input_format, config.input_sample_rate) == ("pcmu", 8000)
+    with pytest.raises(InvalidMessage, match="8 kHz only"):
+        parse(
+            CLIENT_EVENTS,
+            '{"type":"session.update","session":{"input_format":"pcmu","input_sample_rate":16000}}',
+        )
+    with pytest.raises(InvalidMessage, match="8 kHz only"):
+        config.patched({"input_sample_rate": 16000})  # the format stays G.711: refused
+    back = config.patched({"input_format": "pcm16", "input_sample_rate": 16000})
+    assert (back.input_format, back.input_sample_rate) == ("pcm16", 16000)

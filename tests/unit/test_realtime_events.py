@@ -46,6 +46,7 @@ def test_ga_session_update_maps_onto_the_native_session() -> None:
     assert patch == {
         "instructions": "Be brief.",
         "voice": "alloy",
+        "input_format": "pcm16",
         "input_sample_rate": 24000,
         "language": "en",
         "partials": True,  # a transcription model asked for: its deltas are sent
@@ -57,6 +58,7 @@ def test_beta_session_and_null_turn_detection() -> None:
     patch = _patch({"voice": "verse", "input_audio_format": "pcm16", "turn_detection": None})
     assert patch == {
         "voice": "verse",
+        "input_format": "pcm16",
         "input_sample_rate": 24000,
         "turn_detection": {"type": "manual"},
     }
@@ -64,13 +66,46 @@ def test_beta_session_and_null_turn_detection() -> None:
 
 
 @pytest.mark.parametrize(
-    ("session", "code"),
+    ("session", "given", "sent"),
     [
-        ({"input_audio_format": "g711_ulaw"}, "invalid_value"),
-        ({"audio": {"input": {"format": {"type": "audio/pcmu"}}}}, "invalid_value"),
+        ({"input_audio_format": "g711_ulaw", "output_audio_format": "g711_alaw"}, "pcmu", "pcma"),
+        (
+            {
+                "audio": {
+                    "input": {"format": {"type": "audio/pcmu"}},
+                    "output": {"format": {"type": "audio/pcma"}},
+                }
+            },
+            "pcmu",
+            "pcma",
+        ),
+        ({"audio": {"output": {"format": {"type": "audio/pcmu", "rate": 8000}}}}, None, "pcmu"),
     ],
 )
-def test_formats_we_do_not_speak_are_refused(session: dict[str, Any], code: str) -> None:
+def test_g711_formats_are_8k_telephone_audio(
+    session: dict[str, Any], given: str | None, sent: str
+) -> None:
+    patch = _patch(session)
+    assert patch.get("input_format") == given
+    assert patch.get("input_sample_rate") == (8000 if given else None)
+    assert (patch["output_format"], patch["output_sample_rate"]) == (sent, 8000)
+
+
+@pytest.mark.parametrize(
+    ("session", "code"),
+    [
+        ({"input_audio_format": "opus"}, "invalid_value"),
+        ({"input_audio_format": "audio/pcmu"}, "invalid_value"),  # a GA name where beta's go
+        ({"audio": {"input": {"format": {"type": "g711_ulaw"}}}}, "invalid_value"),
+        ({"audio": {"input": {"format": {"type": "audio/opus"}}}}, "invalid_value"),
+        ({"audio": {"input": {"format": {"type": "audio/pcmu", "rate": 16000}}}}, None),
+    ],
+)
+def test_formats_we_do_not_speak_are_refused(session: dict[str, Any], code: str | None) -> None:
+    if code is None:
+        with pytest.raises(UnsupportedSampleRate):
+            _patch(session)
+        return
     with pytest.raises(rt.RealtimeError) as refused:
         _patch(session)
     assert refused.value.code == code

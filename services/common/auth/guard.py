@@ -14,7 +14,8 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Final
 from urllib.parse import urlsplit
 
@@ -48,6 +49,15 @@ PRINCIPAL: Final = "va.principal"
 METER: Final = "va.meter"
 BRIEF_HEALTH: Final = "va.brief_health"
 AUDIO_ROUTES: Final = frozenset({"/v1/audio/transcriptions", "/v1/audio/translations"})
+LATE_PATHS: Final = frozenset({"/v1/twilio"})
+"""WebSocket routes whose callers cannot send a credential with the upgrade (Twilio sends
+no headers; it names the credential in the stream's first message): with none in the
+upgrade, the guard lets it through and the route calls the admission it leaves in the scope
+(`late_admission`) with the credential it read, before any session starts."""
+LATE: Final = "va.late_admission"
+LateAdmission = Callable[[str | None], AbstractAsyncContextManager[None]]
+"""Check a credential read after the upgrade, count the session (its lease held for the
+block) and meter its audio: what the guard does at the door, later."""
 
 
 class StoreUnreachable(VoiceAgentError):
@@ -66,6 +76,13 @@ def meter_of(conn: HTTPConnection) -> AudioMeter:
     """The connection's audio meter (counts nothing when authentication is off)."""
     found = conn.scope.get(METER)
     return found if isinstance(found, AudioMeter) else NO_METER
+
+
+def late_admission(conn: HTTPConnection) -> LateAdmission | None:
+    """The admission a late-credential route must pass (None: authentication is off, or the
+    upgrade carried a credential the guard checked already)."""
+    found = conn.scope.get(LATE)
+    return found if callable(found) else None
 
 
 def retry_headers(exc: VoiceAgentError) -> dict[str, str] | None:
@@ -158,7 +175,15 @@ class AuthGuard:
             if path == "/health" and self.settings.protect_ops:
                 scope[BRIEF_HEALTH] = not await self._known(scope)
             return False
+        if scope["type"] == "websocket" and path in LATE_PATHS and credential(scope) is None:
+            scope[LATE] = lambda found: self._late(scope, found)
+            return False
         principal = await self._principal(scope)
+        return await self._count(scope, principal)
+
+    async def _count(self, scope: Scope, principal: Principal) -> bool:
+        """Check the tenant's per-request limits and give the request its meter."""
+        path = scope.get("path", "")
         scope[PRINCIPAL] = principal
         if principal.kind == "relay":
             if not self.accept_relay:
@@ -183,7 +208,9 @@ class AuthGuard:
         return True
 
     async def _principal(self, scope: Scope) -> Principal:
-        found = credential(scope)
+        return await self._verify(credential(scope))
+
+    async def _verify(self, found: str | None) -> Principal:
         if found is None:
             raise Unauthorized(
                 "authentication required: an API key or a client token "
@@ -202,17 +229,25 @@ class AuthGuard:
         return True
 
     async def _serve_session(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async with contextlib.AsyncExitStack() as held:
+            try:
+                await held.enter_async_context(self._session(scope))
+            except VoiceAgentError as exc:
+                await self._refuse(scope, receive, send, exc)
+                return
+            await self.app(scope, receive, send)
+
+    @contextlib.asynccontextmanager
+    async def _session(self, scope: Scope) -> AsyncIterator[None]:
+        """The tenant's session lease (its concurrent-session limit) for the block, renewed
+        while it runs; its audio meter flushed at the end."""
         principal: Principal = scope[PRINCIPAL]
         limit = principal.limits.sessions if principal.limits else None
         lease = f"{self.service}-{uuid.uuid4().hex}"
-        try:
-            await self.limiter.open_session(principal.tenant, limit, lease)
-        except VoiceAgentError as exc:
-            await self._refuse(scope, receive, send, exc)
-            return
+        await self.limiter.open_session(principal.tenant, limit, lease)
         renewer = asyncio.create_task(self._renew(principal.tenant, lease), name="lease-renewer")
         try:
-            await self.app(scope, receive, send)
+            yield
         finally:
             renewer.cancel()
             meter = scope.get(METER)
@@ -221,6 +256,22 @@ class AuthGuard:
                     await meter.flush()
             with contextlib.suppress(*REDIS_DOWN):
                 await self.limiter.close_session(principal.tenant, lease)
+
+    @contextlib.asynccontextmanager
+    async def _late(self, scope: Scope, found: str | None) -> AsyncIterator[None]:
+        """The door for a credential read after the upgrade (`LATE_PATHS`): checked, counted
+        and leased as at the door; a refusal raises (and is counted) before the block."""
+        try:
+            principal = await self._verify(found)
+            counted = await self._count(scope, principal)
+        except VoiceAgentError as exc:
+            metrics.AUTH_REFUSED.labels(self.service, exc.code).inc()
+            raise
+        if not counted:  # a relay token: the service in front counts it
+            yield
+            return
+        async with self._session(scope):
+            yield
 
     async def _renew(self, tenant: str, lease: str) -> None:
         while True:

@@ -9,7 +9,15 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 
 from services.common.audio.pcm import SampleRate
 from services.common.errors import InvalidMessage, UnsupportedSampleRate
@@ -92,12 +100,32 @@ call a tool."""
 ClientTools = Annotated[list[ToolSpec], Field(max_length=128)]
 
 
+AudioEncoding = Literal["pcm16", "pcmu", "pcma"]
+"""How audio travels: PCM16 little-endian, or G.711 mu-law / A-law (8 kHz only, one byte a
+sample: telephone audio)."""
+G711_RATE = 8000
+
+
+def _telephone_rates(model: Any, fill: bool) -> None:
+    """G.711 is 8 kHz: a G.711 format with no rate gets 8000 (`fill`), with another is an error."""
+    for side in ("input", "output"):
+        if getattr(model, f"{side}_format") in ("pcmu", "pcma"):
+            rate = getattr(model, f"{side}_sample_rate")
+            if rate is None and fill:
+                setattr(model, f"{side}_sample_rate", G711_RATE)
+            elif rate not in (None, G711_RATE):
+                raise ValueError(f"{side}_format G.711 is 8 kHz only, not {rate} Hz")
+
+
 class SessionConfig(BaseModel):
     """The session as the client sees it."""
 
     id: str
     input_sample_rate: SampleRate = 16000
     output_sample_rate: SampleRate = 24000
+    input_format: AudioEncoding = "pcm16"
+    """How the client's audio frames are coded (G.711 at 8 kHz only)."""
+    output_format: AudioEncoding = "pcm16"
     voice: str = "default"
     language: str | None = "en"
     agent: str = "echo"
@@ -112,6 +140,20 @@ class SessionConfig(BaseModel):
     """None: `auto`."""
     resumed: bool | None = None
 
+    @model_validator(mode="after")
+    def _g711_is_8k(self) -> SessionConfig:
+        _telephone_rates(self, fill=False)
+        return self
+
+    def patched(self, patch: dict[str, Any]) -> SessionConfig:
+        """These settings with a `session.update` patch applied (InvalidMessage when the
+        result is not a valid session: a G.711 session given a rate other than 8 kHz)."""
+        try:
+            return SessionConfig.model_validate({**self.model_dump(), **patch})
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise InvalidMessage(f"bad 'session.update' message: {first['msg']}") from exc
+
 
 class SessionPatch(BaseModel):
     """A subset of the session's settings, sent with `session.update`."""
@@ -120,6 +162,9 @@ class SessionPatch(BaseModel):
 
     input_sample_rate: SampleRate | None = None
     output_sample_rate: SampleRate | None = None
+    input_format: AudioEncoding | None = None
+    """`pcmu` or `pcma` set the rate to 8 kHz as well (another rate with them is an error)."""
+    output_format: AudioEncoding | None = None
     voice: Annotated[str, Field(max_length=128), NOT_BLANK] | None = None
     language: Annotated[str, Field(max_length=16), NOT_BLANK] | None = None
     agent: Annotated[str, Field(max_length=64), NOT_BLANK] | None = None
@@ -129,6 +174,11 @@ class SessionPatch(BaseModel):
     partials: bool | None = None
     tools: ClientTools | None = None
     tool_choice: ToolChoice | None = None
+
+    @model_validator(mode="after")
+    def _g711_is_8k(self) -> SessionPatch:
+        _telephone_rates(self, fill=True)
+        return self
 
 
 # ---------------------------------------------------------------- client → gateway
