@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from services.common.audio.listener import HearingBatcher, Listener
+from services.common.audio.listener import HearingBatcher, Listener, to_vad_rate
 from services.common.audio.pcm import float_to_pcm16
 from services.common.audio.turns import TurnEvent
 from services.common.audio.vad import WINDOW, SileroVad, VadSettings
@@ -105,3 +105,15 @@ async def test_batched_hearing_gives_each_listener_what_hearing_alone_gives() ->
     assert windowed < len(frames)
     assert batcher.streams_run == 6 * windowed
     assert batcher.streams_run / batcher.calls >= 2  # several sessions per model call
+
+
+@pytest.mark.parametrize("rate", [8000, 24000, 48000])
+def test_every_input_rate_reaches_the_vad_frame_by_frame(rate: int) -> None:
+    """Each 20 ms frame gives the VAD its 20 ms at once: nothing held back in blocks (soxr's
+    stream resampler kept up to 40 ms of a 24 kHz stream, so the end of the speech was
+    heard that much later), and nothing lost over the stream."""
+    resampler = to_vad_rate(rate)
+    frame = np.random.default_rng(0).uniform(-0.5, 0.5, rate // 50).astype(np.float32)
+    sizes = [resampler.process(frame).size for _ in range(50)]
+    assert sizes == [320] * 50
+    assert resampler.delay_ms < 5
