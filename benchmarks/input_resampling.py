@@ -92,7 +92,12 @@ def main() -> None:
             for name in RESAMPLERS
         }
         print(rate, rates[str(rate)], flush=True)
-    body = {"frame_ms": FRAME_MS, "sentences": len(clips), "rates": rates}
+    body = {
+        "benchmark": "input_resampling",
+        "frame_ms": FRAME_MS,
+        "sentences": len(clips),
+        "rates": rates,
+    }
     if args.out:
         write(args.out, body)
 
