@@ -9,11 +9,12 @@ unknown fields are ignored. See docs/telephony.md.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from services.common.errors import InvalidMessage
+from services.common.protocol.events import parse_tagged
 
 
 class TwilioError(InvalidMessage):
@@ -92,20 +93,7 @@ EVENTS = ("connected", "start", "media", "mark", "dtmf", "stop")
 
 def parse(text: str) -> TwilioMessage:
     """One message from Twilio; TwilioError says what is wrong with it."""
-    try:
-        raw: Any = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise TwilioError("a Twilio message must be JSON") from exc
-    if not isinstance(raw, dict) or not isinstance(raw.get("event"), str):
-        raise TwilioError("a Twilio message must be a JSON object with a string `event`")
-    try:
-        return _ADAPTER.validate_python(raw)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        if first["type"] == "union_tag_invalid":
-            raise TwilioError(f"unknown Twilio event {raw['event']!r}") from exc
-        where = ".".join(str(p) for p in first["loc"][1:]) or raw["event"]
-        raise TwilioError(f"bad Twilio {raw['event']!r} message: {where}: {first['msg']}") from exc
+    return parse_tagged(_ADAPTER, text, tag="event", error=TwilioError, what="Twilio message")
 
 
 def media(stream_sid: str, payload: str) -> str:

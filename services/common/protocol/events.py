@@ -425,20 +425,40 @@ TTS_CLIENT_EVENTS: TypeAdapter[TtsClientEvent] = TypeAdapter(TtsClientEvent)
 def parse(adapter: TypeAdapter[T], text: str) -> T:
     """Parse one client text frame; anything malformed is InvalidMessage."""
     try:
+        return parse_tagged(adapter, text)
+    except InvalidMessage as exc:
+        cause = exc.__cause__
+        if isinstance(cause, ValidationError):
+            first = cause.errors()[0]
+            where = ".".join(str(p) for p in first["loc"][1:])
+            if where.endswith("sample_rate") and first["type"] == "literal_error":
+                raise UnsupportedSampleRate(f"{where}: {first['msg']}") from cause
+        raise
+
+
+def parse_tagged(
+    adapter: TypeAdapter[T],
+    text: str,
+    tag: str = "type",
+    error: type[InvalidMessage] = InvalidMessage,
+    what: str = "message",
+) -> T:
+    """A JSON object told apart by its `tag` field, validated by `adapter` (a discriminated
+    union); `error` (from the ValidationError, when that is the cause) says what is wrong,
+    naming it `what`: the one way every wire here is parsed."""
+    try:
         raw: Any = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise InvalidMessage(f"not valid JSON: {exc.msg}") from exc
+        raise error(f"not valid JSON: {exc.msg}") from exc
     except RecursionError as exc:
-        raise InvalidMessage("not valid JSON: nested too deeply") from exc
-    if not isinstance(raw, dict) or not isinstance(raw.get("type"), str):
-        raise InvalidMessage("a message must be a JSON object with a string `type`")
+        raise error("not valid JSON: nested too deeply") from exc
+    if not isinstance(raw, dict) or not isinstance(raw.get(tag), str):
+        raise error(f"a {what} must be a JSON object with a string `{tag}`")
     try:
         return adapter.validate_python(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
         if first["type"] == "union_tag_invalid":
-            raise InvalidMessage(f"unknown message type {raw['type']!r}") from exc
-        where = ".".join(str(p) for p in first["loc"][1:]) or raw["type"]
-        if where.endswith("sample_rate") and first["type"] == "literal_error":
-            raise UnsupportedSampleRate(f"{where}: {first['msg']}") from exc
-        raise InvalidMessage(f"bad {raw['type']!r} message: {where}: {first['msg']}") from exc
+            raise error(f"unknown {what} {tag} {raw[tag]!r}") from exc
+        where = ".".join(str(p) for p in first["loc"][1:]) or raw[tag]
+        raise error(f"bad {raw[tag]!r} {what}: {where}: {first['msg']}") from exc
