@@ -22,17 +22,17 @@ import os
 from pathlib import Path
 from typing import Any
 
-import httpx
 import jiwer
 
 from benchmarks.stack import lite_stack
 from benchmarks.voices import Voice, espeak, piper
 from services.client.stream import StreamClient
-from services.common.audio.pcm import encode_audio, pcm16_to_float, resample
+from services.common.audio.pcm import pcm16_to_float
 from services.common.stats import summary
 from services.loadtest.corpus import SENTENCES
 from services.loadtest.report import write
 from services.loadtest.stats import words
+from tests.speech import transcribed
 
 VOICES: dict[str, Voice] = {
     "espeak en-us 160 wpm": espeak("en-us", 160),
@@ -73,15 +73,7 @@ async def run_turns(url: str, voice: str, sentences: list[str]) -> list[dict[str
 
 def reply_heard(asr_url: str, row: dict[str, Any]) -> str:
     """The agent's spoken reply (24 kHz PCM16), transcribed by the ASR service."""
-    wav = encode_audio(resample(pcm16_to_float(row.pop("reply")), 24000, 16000), 16000, "wav")
-    response = httpx.post(
-        f"{asr_url}/v1/audio/transcriptions",
-        files={"file": ("reply.wav", wav, "audio/wav")},
-        data={"model": "whisper-1"},
-        timeout=60,
-    )
-    response.raise_for_status()
-    return str(response.json()["text"])
+    return transcribed(asr_url, pcm16_to_float(row.pop("reply")), 24000)
 
 
 def error_rate(rows: list[dict[str, Any]], said: str, heard: str) -> float:

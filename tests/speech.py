@@ -1,4 +1,5 @@
-"""Test speech made on the spot with espeak-ng, with a microphone's noise floor (dither).
+"""Test speech made on the spot with espeak-ng, with a microphone's noise floor (dither), and
+speech heard back by a running ASR service.
 
 Whisper tiny.en hears espeak's plain `en-us` at 160 words per minute about as well as a
 neural voice (word error rate about 0.06 on tests/e2e/test_real_speech.py's sentences);
@@ -10,11 +11,12 @@ from __future__ import annotations
 
 from functools import cache
 
+import httpx
 import numpy as np
 import numpy.typing as npt
 import soxr
 
-from services.common.audio.pcm import float_to_pcm16
+from services.common.audio.pcm import encode_audio, float_to_pcm16
 from services.tts.engines.base import SpeechRequest
 from services.tts.engines.espeak import EspeakEngine
 from services.tts.settings import EspeakSettings
@@ -47,3 +49,15 @@ def speak(
 def to_pcm16(audio: npt.NDArray[np.float32]) -> bytes:
     """Little-endian PCM16 bytes of float audio in [-1, 1]."""
     return float_to_pcm16(audio)
+
+
+def transcribed(asr_url: str, audio: npt.NDArray[np.float32], sample_rate: int) -> str:
+    """What the ASR service at `asr_url` hears in `audio` (its REST door, as a WAV file)."""
+    response = httpx.post(
+        f"{asr_url}/v1/audio/transcriptions",
+        files={"file": ("audio.wav", encode_audio(audio, sample_rate, "wav"), "audio/wav")},
+        data={"model": "whisper-1"},
+        timeout=60,
+    )
+    response.raise_for_status()
+    return str(response.json()["text"])

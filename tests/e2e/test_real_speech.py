@@ -11,21 +11,20 @@ from __future__ import annotations
 import asyncio
 from functools import cache
 
-import httpx
 import jiwer
 import numpy as np
 import numpy.typing as npt
 import pytest
 
 from services.client.stream import StreamClient
-from services.common.audio.pcm import encode_audio, pcm16_to_float, resample
+from services.common.audio.pcm import pcm16_to_float, resample
 from services.loadtest.corpus import SENTENCES as CORPUS
 from services.loadtest.stats import words
 from services.tts.engines.base import SpeechRequest
 from services.tts.engines.piper import PiperEngine
 from services.tts.settings import PiperSettings
 from tests.conftest import Stack
-from tests.speech import speak
+from tests.speech import speak, transcribed
 
 SENTENCES = CORPUS[:12]
 MAX_WER = 0.15
@@ -93,16 +92,8 @@ def test_the_spoken_replies_are_intelligible(
     for text, audio in heard.values():
         reply = pcm16_to_float(audio)
         assert reply.size > 0.3 * 24000, text
-        wav = encode_audio(resample(reply, 24000, 16000), 16000, "wav")
-        response = httpx.post(
-            f"{lite_stack.asr.http}/v1/audio/transcriptions",
-            files={"file": ("reply.wav", wav, "audio/wav")},
-            data={"model": "whisper-1"},
-            timeout=60,
-        )
-        assert response.status_code == 200, response.text
         said.append(words(text))
-        recovered.append(words(response.json()["text"]))
+        recovered.append(words(transcribed(lite_stack.asr.http, reply, 24000)))
     output = jiwer.process_words(said, recovered)
     recall = output.hits / (output.hits + output.substitutions + output.deletions)
     assert recall >= MIN_REPLY_RECALL, list(zip(said, recovered, strict=True))

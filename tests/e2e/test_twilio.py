@@ -11,16 +11,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import httpx
 import numpy as np
 import websockets
 
-from services.common.audio.pcm import encode_audio, pcm16_to_float, resample
+from services.common.audio.pcm import pcm16_to_float
 from services.gateway import metrics
 from services.gateway.session import Session
 from tests.conftest import Stack
 from tests.e2e.wire import recall
-from tests.speech import speak
+from tests.speech import speak, transcribed
 from tests.twilio_call import TwilioCall
 
 SENTENCE = "what is the weather like in paris today"
@@ -66,16 +65,7 @@ async def _reply_played(call: TwilioCall, quiet_s: float = 1.5, timeout_s: float
 
 
 def _transcribe(stack: Stack, pcm8k: bytes) -> str:
-    audio = resample(pcm16_to_float(pcm8k), 8000, 16000)
-    wav = encode_audio(audio, 16000, "wav")
-    response = httpx.post(
-        f"{stack.asr.http}/v1/audio/transcriptions",
-        files={"file": ("call.wav", wav, "audio/wav")},
-        data={"model": "whisper-1"},
-        timeout=60,
-    )
-    response.raise_for_status()
-    return str(response.json()["text"])
+    return transcribed(stack.asr.http, pcm16_to_float(pcm8k), 8000)
 
 
 async def test_a_call_talks_to_the_agent(lite_stack: Stack) -> None:

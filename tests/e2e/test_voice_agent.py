@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import httpx
 import numpy as np
 import pytest
 
 from services.client.stream import StreamClient
-from services.common.audio.pcm import encode_audio, pcm16_to_float
+from services.common.audio.pcm import pcm16_to_float
 from tests.conftest import Stack
 from tests.e2e.wire import recall
-from tests.speech import speak
+from tests.speech import speak, transcribed
 
 # Whisper tiny.en hears these espeak-ng sentences well (test_real_speech.py measures it); the
 # pipeline, not the embedded recognizer's accuracy, is what is under test here.
@@ -43,15 +42,8 @@ async def test_spoken_turn_round_trip(lite_stack: Stack, sentence: str) -> None:
     # The agent's reply, transcribed again, says the same words.
     reply = pcm16_to_float(bytes(turn.audio))
     assert reply.size > 24000 * 0.5
-    wav = encode_audio(reply, 24000, "wav")
-    response = httpx.post(
-        f"{lite_stack.asr.http}/v1/audio/transcriptions",
-        files={"file": ("reply.wav", wav, "audio/wav")},
-        data={"model": "whisper-1"},
-        timeout=30,
-    )
-    assert response.status_code == 200
-    assert recall(heard, response.json()["text"]) >= 0.5, response.json()
+    again = transcribed(lite_stack.asr.http, reply, 24000)
+    assert recall(heard, again) >= 0.5, again
 
 
 async def test_conversation_text_and_response_create(lite_stack: Stack) -> None:
