@@ -41,7 +41,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import jiwer
 import numpy as np
 import websockets
@@ -50,7 +49,6 @@ from benchmarks.stack import lite_stack
 from benchmarks.voices import Voice, espeak, piper
 from services.common.audio import g711
 from services.common.audio.pcm import (
-    encode_audio,
     float_to_pcm16,
     pcm16_to_float,
     resample,
@@ -60,6 +58,7 @@ from services.common.stats import summary
 from services.loadtest.corpus import SENTENCES
 from services.loadtest.report import write
 from services.loadtest.stats import words
+from tests.speech import transcribed
 from tests.twilio_call import TwilioCall
 
 VOICES: dict[str, Voice] = {
@@ -172,18 +171,6 @@ async def twilio_turn(url: str, audio16k: np.ndarray[Any, Any]) -> dict[str, Any
     }
 
 
-def heard_again(asr_url: str, audio16k: np.ndarray[Any, Any]) -> str:
-    wav = encode_audio(audio16k, 16000, "wav")
-    response = httpx.post(
-        f"{asr_url}/v1/audio/transcriptions",
-        files={"file": ("reply.wav", wav, "audio/wav")},
-        data={"model": "whisper-1"},
-        timeout=60,
-    )
-    response.raise_for_status()
-    return str(response.json()["text"])
-
-
 def wer(said: list[str], heard: list[str]) -> float:
     return round(float(jiwer.wer([words(s) for s in said], [words(h) for h in heard])), 4)
 
@@ -208,7 +195,7 @@ async def run(urls: dict[str, str], sentences: list[str]) -> list[dict[str, Any]
                 else:
                     row = await native_turn(f"{ws}/v1/stream", path, audio)
                 row["reply_heard"] = await asyncio.to_thread(
-                    heard_again, urls["asr"], row.pop("reply")
+                    transcribed, urls["asr"], row.pop("reply"), 16000
                 )
                 rows.append({"voice": voice, "sentence": sentence, "path": path, **row})
                 print(json.dumps(rows[-1]), flush=True)
