@@ -76,6 +76,16 @@ class ReplyContext:
     confirms_playout: bool = False
     """The client reports what has played (Twilio's marks): the user heard that much,
     whatever the clock says."""
+    record: Callable[[Reply, Status, str], Coroutine[Any, Any, None]] = field(
+        default=lambda *_: _nothing()
+    )
+    """Called once when a reply ends, before the client is told (`response.done`): the
+    agent's turn is kept (saved) first, so a gateway that dies right after the client saw
+    the reply end has not lost it."""
+
+
+async def _nothing() -> None:
+    return None
 
 
 @dataclass
@@ -166,6 +176,7 @@ class Reply:
         self._stop_tasks()
         await self.ctx.bus.cancel(self.id)
         heard = self.audio.heard_text(self._heard_bytes())
+        await self.ctx.record(self, "cancelled", heard)
         if self.playout.sent_bytes:
             await self.ctx.output.send(OutputAudioClear(response_id=self.id))
         await self.ctx.output.send(
@@ -333,6 +344,7 @@ class Reply:
         rate = self.config.output_sample_rate
         audio_ms = round(self.playout.sent_bytes * 1000 / (2 * rate))
         text = self.audio.text
+        await self.ctx.record(self, status, text)
         await self.ctx.output.send(ResponseAudioDone(response_id=self.id, audio_ms=audio_ms))
         await self.ctx.output.send(ResponseDone(response_id=self.id, status=status, text=text))
         metrics.RESPONSES.labels(status).inc()

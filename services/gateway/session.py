@@ -126,6 +126,7 @@ class Session:
             self._reply_ended,
             services.voice_to_voice,
             channel.codec.confirms_playout,
+            self._reply_record,
         )
         self.replies = Replies(
             context, self.settings, services.agents, lambda: self.config, self.history
@@ -286,14 +287,17 @@ class Session:
 
     # ------------------------------------------------------------------ replies
 
-    async def _reply_ended(self, reply: Reply, status: Status, text: str) -> None:
-        """A reply ended: the agent's turn is what the user heard of it (with the tool
-        calls it made and their results)."""
-        self.replies.ended(reply)
+    async def _reply_record(self, reply: Reply, status: Status, text: str) -> None:
+        """A reply is ending (its client not yet told): the agent's turn is what the user
+        heard of it (with the tool calls it made and their results), saved first."""
         turns = reply_turns(text if status in ("completed", "cancelled") else "", reply.tool_turns)
         if turns:
             self.history += turns  # in place: Replies reads the same list
             await self._save()
+
+    async def _reply_ended(self, reply: Reply, status: Status, text: str) -> None:
+        """A reply ended and its client was told."""
+        self.replies.ended(reply)
 
     async def _tool_result(self, result: ConversationToolResult) -> None:
         """A client tool's output joins the history; the client's `response.create` next
