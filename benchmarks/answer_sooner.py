@@ -35,6 +35,7 @@ from typing import Any
 
 import httpx
 
+from benchmarks.cpu_per_turn import REQUESTS
 from benchmarks.stack import lite_stack
 from benchmarks.voices import RATE, Voice, espeak, piper
 from services.client.stream import StreamClient
@@ -42,14 +43,6 @@ from services.common.stats import summary
 from services.loadtest.report import write
 from services.ops.redis_server import free_port
 
-REQUESTS = (
-    "please call stella and ask her to bring these things with her",
-    "what is the weather going to be like in paris tomorrow morning",
-    "can you tell me how long it takes to drive to the airport",
-    "remind me to buy milk and bread on my way home tonight",
-    "how many people live in the largest city of australia",
-    "turn off the lights in the kitchen and lock the front door",
-)
 VOICES: dict[str, Voice] = {
     "espeak en-us 150 wpm": espeak("en-us", 150),
     "piper joe 1.1": piper(1.1),
@@ -113,12 +106,7 @@ async def speak_turns(url: str, turns: list[tuple[str, str]]) -> list[dict[str, 
             turn = client.new_turn()
             await client.speak(VOICES[voice](sentence), RATE)
             await client.silence_until("response.done", timeout_s=30)
-            end = turn.last_speech_sent_at or 0.0
-
-            def since(kind: str, end: float = end, turn: Any = turn) -> float | None:
-                at = turn.time_of(kind)
-                return None if at is None else round((at - end) * 1000, 1)
-
+            since = turn.ms_after_speech
             rows.append(
                 {
                     "voice": voice,

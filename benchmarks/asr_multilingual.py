@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +26,10 @@ import numpy.typing as npt
 from services.asr.engines.base import AsrInput
 from services.asr.engines.whisper import FasterWhisperEngine
 from services.asr.settings import WhisperSettings
-from services.common.audio.pcm import resample
 from services.loadtest import report
 from services.loadtest.corpus import SENTENCES as CORPUS
 from services.loadtest.stats import words
-from services.tts.engines.base import SpeechRequest
-from services.tts.engines.piper import PiperEngine
-from services.tts.settings import PiperSettings
-from tests.speech import speak
+from tests.speech import piper_speech, speak
 
 SENTENCES = CORPUS[:12]
 VOICES = ("espeak", "piper")
@@ -42,18 +37,10 @@ RUNS = (("tiny.en", None), ("base", None), ("base", "en"))
 """(model, the language it is told; None: it detects it)."""
 
 
-@cache
-def _piper() -> PiperEngine:
-    engine = PiperEngine(PiperSettings(noise_w_scale=0.0))
-    engine.load()
-    return engine
-
-
 def spoken(text: str, voice: str) -> npt.NDArray[np.float32]:
     if voice == "espeak":
         return speak(text, 16000)
-    chunks = list(_piper().synthesize(SpeechRequest(text=text, voice="joe")))
-    return resample(np.concatenate(chunks), _piper().sample_rate, 16000)
+    return piper_speech(text, deterministic=True)
 
 
 def run(

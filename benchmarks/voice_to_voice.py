@@ -50,12 +50,7 @@ async def run_turns(url: str, voice: str, sentences: list[str]) -> list[dict[str
             turn = client.new_turn()
             await client.speak(VOICES[voice](sentence), 16000)
             await client.silence_until("response.done", timeout_s=30)
-            sent = turn.last_speech_sent_at or 0.0
-
-            def since(kind: str, sent: float = sent, turn: Any = turn) -> float | None:
-                at = turn.time_of(kind)
-                return None if at is None else round((at - sent) * 1000, 1)
-
+            since = turn.ms_after_speech
             rows.append(
                 {
                     "voice": voice,

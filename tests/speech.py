@@ -1,5 +1,5 @@
-"""Test speech made on the spot with espeak-ng, with a microphone's noise floor (dither), and
-speech heard back by a running ASR service.
+"""Test speech made on the spot with espeak-ng (with a microphone's noise floor: dither) or
+the packaged Piper voice, and speech heard back by a running ASR service.
 
 Whisper tiny.en hears espeak's plain `en-us` at 160 words per minute about as well as a
 neural voice (word error rate about 0.06 on tests/e2e/test_real_speech.py's sentences);
@@ -16,10 +16,11 @@ import numpy as np
 import numpy.typing as npt
 import soxr
 
-from services.common.audio.pcm import encode_audio, float_to_pcm16
+from services.common.audio.pcm import encode_audio, float_to_pcm16, resample
 from services.tts.engines.base import SpeechRequest
 from services.tts.engines.espeak import EspeakEngine
-from services.tts.settings import EspeakSettings
+from services.tts.engines.piper import PiperEngine
+from services.tts.settings import EspeakSettings, PiperSettings
 
 _DITHER_SEED = 20240613
 _LSB = 1.0 / 32768.0
@@ -61,3 +62,21 @@ def transcribed(asr_url: str, audio: npt.NDArray[np.float32], sample_rate: int) 
     )
     response.raise_for_status()
     return str(response.json()["text"])
+
+
+@cache
+def _piper(noise_w_scale: float | None) -> PiperEngine:
+    engine = PiperEngine(PiperSettings(noise_w_scale=noise_w_scale))
+    engine.load()
+    return engine
+
+
+def piper_speech(
+    text: str, sample_rate: int = 16000, speed: float = 1.0, deterministic: bool = False
+) -> npt.NDArray[np.float32]:
+    """`text` said by the packaged Piper voice (joe) at `speed`, mono float32 at
+    `sample_rate`; `deterministic`: no phoneme-duration noise (the same audio every time)."""
+    engine = _piper(0.0 if deterministic else None)
+    request = SpeechRequest(text=text, voice="joe", speed=speed)
+    audio = np.concatenate(list(engine.synthesize(request)))
+    return resample(audio, engine.sample_rate, sample_rate)

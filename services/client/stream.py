@@ -44,6 +44,13 @@ class Received:
     def time_of(self, kind: str) -> float | None:
         return next((t for t, event in self.events if event.get("type") == kind), None)
 
+    def ms_after_speech(self, kind: str) -> float | None:
+        """When the first `kind` event came, in ms after the end of the speech sent."""
+        at = self.time_of(kind)
+        if at is None or self.last_speech_sent_at is None:
+            return None
+        return round((at - self.last_speech_sent_at) * 1000, 1)
+
     @property
     def voice_to_voice_ms(self) -> float | None:
         """End of the speech sent → first agent audio frame received."""

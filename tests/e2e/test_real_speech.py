@@ -9,7 +9,6 @@ spoken replies, transcribed again, must give back at least 0.85 of their words.
 from __future__ import annotations
 
 import asyncio
-from functools import cache
 
 import jiwer
 import numpy as np
@@ -17,14 +16,11 @@ import numpy.typing as npt
 import pytest
 
 from services.client.stream import StreamClient
-from services.common.audio.pcm import pcm16_to_float, resample
+from services.common.audio.pcm import pcm16_to_float
 from services.loadtest.corpus import SENTENCES as CORPUS
 from services.loadtest.stats import words
-from services.tts.engines.base import SpeechRequest
-from services.tts.engines.piper import PiperEngine
-from services.tts.settings import PiperSettings
 from tests.conftest import Stack
-from tests.speech import speak, transcribed
+from tests.speech import piper_speech, speak, transcribed
 
 SENTENCES = CORPUS[:12]
 MAX_WER = 0.15
@@ -33,19 +29,11 @@ AT_ONCE = 6
 """Sessions talking at the same time (the stack shares this machine's two cores)."""
 
 
-@cache
-def _piper() -> PiperEngine:
-    engine = PiperEngine(PiperSettings())
-    engine.load()
-    return engine
-
-
 def spoken(text: str, voice: str) -> npt.NDArray[np.float32]:
     """`text` as 16 kHz speech: espeak-ng's en-us, or the Piper voice."""
     if voice == "espeak":
         return speak(text, 16000)
-    chunks = list(_piper().synthesize(SpeechRequest(text=text, voice="joe")))
-    return resample(np.concatenate(chunks), _piper().sample_rate, 16000)
+    return piper_speech(text)
 
 
 async def _turn(

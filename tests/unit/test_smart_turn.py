@@ -6,14 +6,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib.util
-from functools import cache
 from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import pytest
 
-from services.common.audio.pcm import resample
 from services.common.errors import EngineUnavailable
 from services.gateway import metrics, smart_turn
 from services.gateway.settings import GatewaySection
@@ -25,24 +23,9 @@ from services.gateway.turn_end import (
     create_policy,
     ends_mid_thought,
 )
-from services.tts.engines.base import SpeechRequest
-from services.tts.engines.piper import PiperEngine
-from services.tts.settings import PiperSettings
-from tests.speech import speak
+from tests.speech import piper_speech, speak
 
 PAUSE = np.zeros(3200, np.float32)  # the 200 ms of silence a pause is asked after
-
-
-@cache
-def _piper() -> PiperEngine:
-    engine = PiperEngine(PiperSettings())
-    engine.load()
-    return engine
-
-
-def piper(text: str) -> np.ndarray:
-    chunks = list(_piper().synthesize(SpeechRequest(text=text, voice="joe")))
-    return resample(np.concatenate(chunks), _piper().sample_rate, 16000)
 
 
 def _reference() -> ModuleType:
@@ -80,13 +63,13 @@ def test_features_are_the_ones_the_model_was_trained_on() -> None:
     ],
 )
 def test_clear_cases(text: str, complete: bool) -> None:
-    (probability,) = shared_model().predict([np.concatenate([piper(text), PAUSE])])
+    (probability,) = shared_model().predict([np.concatenate([piper_speech(text), PAUSE])])
     assert (probability >= 0.5) == complete, probability
 
 
 def test_a_batch_answers_as_each_alone() -> None:
     model = shared_model()
-    clips = [np.concatenate([piper(t), PAUSE]) for t in ("Thank you.", "Tell me about the")]
+    clips = [np.concatenate([piper_speech(t), PAUSE]) for t in ("Thank you.", "Tell me about the")]
     alone = [model.predict([clip])[0] for clip in clips]
     np.testing.assert_allclose(model.predict(clips), alone, atol=1e-5)
 
@@ -105,7 +88,7 @@ async def test_sessions_asking_together_share_one_model_call() -> None:
 
     batcher = SmartTurnBatcher(Counting())
     try:
-        clip = np.concatenate([piper("Thank you."), PAUSE])
+        clip = np.concatenate([piper_speech("Thank you."), PAUSE])
         found = await asyncio.gather(*(batcher.probability(clip) for _ in range(5)))
     finally:
         batcher.close()
@@ -126,8 +109,8 @@ async def test_the_policy_asks_the_model_then_the_words() -> None:
     policy.load()
     assert policy.decides_at_pause
 
-    complete = np.concatenate([piper("Where is the nearest pharmacy?"), PAUSE])
-    cut = np.concatenate([piper("What is the weather like in"), PAUSE])
+    complete = np.concatenate([piper_speech("Where is the nearest pharmacy?"), PAUSE])
+    cut = np.concatenate([piper_speech("What is the weather like in"), PAUSE])
     assert await policy.turn_complete(complete, heard("Where is the nearest pharmacy?"))
     assert await policy.turn_complete(complete, heard(None))  # no transcript: the model
     assert not await policy.turn_complete(complete, heard("I would like a table for"))
@@ -188,8 +171,8 @@ async def test_model_and_words_disagreeing_end_the_turn_at_the_unsure_silence() 
     policy = SmartTurn(GatewaySection(end_of_turn_unsure_ms=900))
     policy.load()
 
-    complete = np.concatenate([piper("Where is the nearest pharmacy?"), PAUSE])
-    cut = np.concatenate([piper("What is the weather like in"), PAUSE])
+    complete = np.concatenate([piper_speech("Where is the nearest pharmacy?"), PAUSE])
+    cut = np.concatenate([piper_speech("What is the weather like in"), PAUSE])
     # the model hears more to come, the words do not: wait, then end
     assert not await policy.turn_complete(cut, heard("What is the weather?"), 600)
     assert await policy.turn_complete(cut, heard("What is the weather?"), 900)
