@@ -14,10 +14,9 @@ import websockets
 from pydantic import SecretStr
 
 from services.common.audio.pcm import float_to_pcm16
-from services.common.auth.api_keys import KeyStore
 from services.common.auth.credentials import TOKEN_SUBPROTOCOL, sign_token
 from services.common.auth.limits import Limiter
-from services.common.auth.settings import AuthSettings, DefaultLimits, Limits
+from services.common.auth.settings import AuthSettings, DefaultLimits
 from services.common.bus.connection import connect as redis_connect
 from services.common.bus.settings import RedisSettings
 from services.gateway.app import create_app as gateway_app
@@ -25,6 +24,7 @@ from services.gateway.settings import GatewaySection, GatewaySettings
 from tests.conftest import RedisProc
 from tests.duplex_client import duplex_server
 from tests.duplex_gateway import DuplexStack, duplex_stack, session, stream
+from tests.e2e.test_auth import new_key
 from tests.servers import ServerThread
 
 SECRET = "duplex-relay-secret-" + "Kp4" * 12
@@ -39,15 +39,6 @@ AUTH = AuthSettings(
 def stack(redis_server: RedisProc) -> Iterator[DuplexStack]:
     with duplex_stack(redis_server.settings(), auth=AUTH, max_sessions=4) as started:
         yield started
-
-
-async def _key(redis: RedisSettings, tenant: str, **limits: int) -> tuple[str, str]:
-    client = redis_connect(redis)
-    try:
-        record, plain = await KeyStore(client, redis.prefix).create(tenant, "t", Limits(**limits))
-        return record.id, plain
-    finally:
-        await client.aclose()
 
 
 async def _used(redis: RedisSettings, tenant: str) -> tuple[int, int]:
@@ -68,7 +59,7 @@ async def test_a_tenant_with_one_session_gets_it_and_its_audio_counts_once(
     stack: DuplexStack,
 ) -> None:
     redis = stack.redis
-    _, key = await _key(redis, "onesession", sessions=1)
+    _, key = await new_key(redis, "onesession", sessions=1)
     seconds = 3
     async with session(stack.stream_url, additional_headers=_bearer(key)) as client:
         await client.event("response.created")
@@ -84,7 +75,7 @@ async def test_a_tenant_with_one_session_gets_it_and_its_audio_counts_once(
 
 
 async def test_a_client_token_opens_a_duplex_session(stack: DuplexStack) -> None:
-    _, key = await _key(stack.redis, "tokenco")
+    _, key = await new_key(stack.redis, "tokenco")
     token = httpx.post(
         f"{stack.gateway.http}/v1/sessions", headers=_bearer(key), timeout=10
     ).json()["token"]
@@ -98,7 +89,7 @@ async def test_a_client_token_opens_a_duplex_session(stack: DuplexStack) -> None
 async def test_relay_tokens_are_for_the_service_behind_not_the_gateway(
     stack: DuplexStack,
 ) -> None:
-    key_id, _ = await _key(stack.redis, "relayco")
+    key_id, _ = await new_key(stack.redis, "relayco")
     relay, _ = sign_token(SECRET.encode(), "relayco", key_id, 60, {}, relay=True)
     with pytest.raises(websockets.InvalidStatus) as refused:
         async with session(stack.stream_url, additional_headers=_bearer(relay)):
@@ -125,7 +116,7 @@ async def test_a_duplex_service_with_another_secret_is_a_clear_error(
         section = GatewaySection(backend="duplex", duplex_url=service.ws, end_of_turn="silence")
         app = gateway_app(GatewaySettings(redis=redis, auth=AUTH, gateway=section))
         with ServerThread(app) as gateway:
-            _, key = await _key(redis, "mismatch")
+            _, key = await new_key(redis, "mismatch")
             async with session(f"{gateway.ws}/v1/stream", additional_headers=_bearer(key)) as c:
                 await c.until(lambda: c.ws.close_code is not None)
     assert c.ws.close_code == 1011
