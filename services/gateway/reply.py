@@ -68,24 +68,18 @@ class ReplyContext:
     tenant: str
     spawn: Spawn
     clock: Callable[[], float]
+    record: Callable[[Reply, Status, str], Coroutine[Any, Any, None]]
+    """Called once when a reply ends, before the client is told (`response.done`): the
+    agent's turn is kept (saved) first, so a gateway that dies right after the client saw
+    the reply end has not lost it."""
     finished: Callable[[Reply, Status, str], Coroutine[Any, Any, None]]
-    """Called once when a reply ends (not when discarded): its status and the text the
-    user heard (all of it when completed)."""
+    """Called once when a reply has ended and its client was told (not when discarded):
+    its status and the text the user heard (all of it when completed)."""
     voice_to_voice: Callable[[float], None] = lambda _seconds: None
     """Told the voice-to-voice of each reply that answers speech (seconds)."""
     confirms_playout: bool = False
     """The client reports what has played (Twilio's marks): the user heard that much,
     whatever the clock says."""
-    record: Callable[[Reply, Status, str], Coroutine[Any, Any, None]] = field(
-        default=lambda *_: _nothing()
-    )
-    """Called once when a reply ends, before the client is told (`response.done`): the
-    agent's turn is kept (saved) first, so a gateway that dies right after the client saw
-    the reply end has not lost it."""
-
-
-async def _nothing() -> None:
-    return None
 
 
 @dataclass

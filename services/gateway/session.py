@@ -123,10 +123,10 @@ class Session:
             tenant,
             self._spawn,
             self.clock,
+            self._reply_record,
             self._reply_ended,
             services.voice_to_voice,
             channel.codec.confirms_playout,
-            self._reply_record,
         )
         self.replies = Replies(
             context, self.settings, services.agents, lambda: self.config, self.history

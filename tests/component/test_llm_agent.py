@@ -253,6 +253,7 @@ async def test_a_discarded_prepared_reply_closes_the_http_stream(
         spawn,
         time.monotonic,
         finished,  # type: ignore[arg-type]
+        finished,  # type: ignore[arg-type]
     )
     agent = OpenAiAgent(endpoint)
     reply = Reply(
