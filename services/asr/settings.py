@@ -38,8 +38,9 @@ class WhisperSettings(BaseModel):
     """CPU threads for CPU inference (0: CTranslate2's default)."""
     min_window_s: float = Field(default=10.0, ge=1.0, le=30.0)
     """Shortest encoder window: an utterance is padded to this (and to 1 s past its end), not
-    to Whisper's 30 s; the encoder's work grows with the window (tiny.en on 2 CPU cores: 4x
-    faster at 10 s than 30 s, WER 0.084 vs 0.111; at 5 s it loops, WER 1.2:
+    to Whisper's 30 s; the encoder's work grows with the window (tiny.en on 2 CPU cores: ~4x
+    faster at 10 s than 30 s with no WER lost, also on held-out sentences and voices: 0.254
+    vs 0.281; at 5 s it loops on short utterances:
     benchmarks/results/asr_window_cpu_tiny_en.json). The dual-gpu profile keeps 30 s, the
     window Whisper was trained on."""
     beam_size: int = Field(default=1, ge=1, le=10)
