@@ -5,9 +5,12 @@ name="token">`). No credential, no service: no session, the socket closed with 1
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree
 
 import httpx
 import pytest
@@ -66,3 +69,23 @@ async def test_an_api_key_or_a_client_token_in_the_start_opens_the_call(stack: A
         url = f"{stack.gateway.http}/v1/sessions"
         issued = await http.post(url, json={"expires_in": 60}, headers=bearer(stack.key))
     await _answered(stack, issued.json()["token"])
+
+
+async def test_the_example_webhook_answers_with_twiml_whose_token_opens_the_call(
+    stack: AuthStack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """examples/twilio/answer.py, as docs/telephony.md tells a user to run it."""
+    spec = importlib.util.spec_from_file_location(
+        "twilio_answer", Path(__file__).parents[2] / "examples/twilio/answer.py"
+    )
+    assert spec is not None and spec.loader is not None
+    answer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(answer)
+    monkeypatch.setattr(answer, "GATEWAY", stack.gateway.http)
+    monkeypatch.setattr(answer, "KEY", stack.key)
+    twiml = ElementTree.fromstring(await asyncio.to_thread(answer.twiml))
+    stream = twiml.find("./Connect/Stream")
+    assert stream is not None and stream.get("url") == f"{stack.gateway.ws}/v1/twilio"
+    parameter = stream.find("./Parameter[@name='token']")
+    assert parameter is not None
+    await _answered(stack, parameter.get("value", ""))
