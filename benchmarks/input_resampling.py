@@ -23,7 +23,7 @@ import soxr
 
 from benchmarks.voices import RATE, espeak, piper
 from services.common.audio.listener import VAD_RATE, Listener
-from services.common.audio.pcm import StreamResampler, float_to_pcm16
+from services.common.audio.pcm import StreamResampler
 from services.common.audio.polyphase import PolyphaseResampler
 from services.common.audio.turns import SpeechPause
 from services.common.audio.vad import SileroVad, VadSettings
@@ -42,15 +42,13 @@ FRAME_MS = 20
 
 
 def pause_at_ms(vad: SileroVad, audio: np.ndarray, rate: int, resampler: str | None) -> float:
-    """Wire time (ms of input fed) at which the listener reports the first pause."""
+    """Wire time (ms of input fed) at which the listener reports the first pause: 20 ms
+    frames through the resampler (none at 16 kHz) to the listener's VAD (`hear`)."""
     listener = Listener(vad, VadSettings(), VAD_RATE)
-    listener.input_rate = rate
-    if resampler is not None:
-        listener._resampler = RESAMPLERS[resampler](rate, VAD_RATE)
+    convert = RESAMPLERS[resampler](rate, VAD_RATE).process if resampler else lambda a: a
     step = rate * FRAME_MS // 1000
-    pcm = float_to_pcm16(audio)
     for i in range(0, audio.size, step):
-        if any(isinstance(e, SpeechPause) for e in listener.push(pcm[2 * i : 2 * (i + step)])):
+        if any(isinstance(e, SpeechPause) for e in listener.hear(convert(audio[i : i + step]))):
             return (i + step) * 1000 / rate
     return float("nan")
 
