@@ -47,9 +47,20 @@ async def _until(condition: Callable[[], bool], timeout_s: float, what: str) -> 
         await asyncio.sleep(0.05)
 
 
-async def _session(stack: Stack) -> Session:
-    await _until(lambda: len(_sessions(stack)) == 1, 10, "the call's session")
-    session = next(iter(_sessions(stack).values()))
+async def _session(stack: Stack, call: TwilioCall) -> Session:
+    """The call's session. The stack is shared: another test's session may still be
+    closing, so it is the open one whose Twilio stream is this call's."""
+
+    def ours() -> list[Any]:
+        return [
+            s
+            for s in _sessions(stack).values()
+            if getattr(s.channel.codec, "stream_sid", None) == call.stream_sid
+            and not s.channel.closed
+        ]
+
+    await _until(lambda: len(ours()) == 1, 10, "the call's session")
+    (session,) = ours()
     assert isinstance(session, Session)
     return session
 
@@ -70,7 +81,7 @@ def _transcribe(stack: Stack, pcm8k: bytes) -> str:
 
 async def test_a_call_talks_to_the_agent(lite_stack: Stack) -> None:
     async with TwilioCall(_url(lite_stack), {"caller": "+15550100"}) as call:
-        session = await _session(lite_stack)
+        session = await _session(lite_stack, call)
         assert (session.config.input_format, session.config.input_sample_rate) == ("pcmu", 8000)
         assert (session.config.output_format, session.config.output_sample_rate) == ("pcmu", 8000)
         await call.say(speak(SENTENCE, 8000))
@@ -96,7 +107,7 @@ async def test_a_call_talks_to_the_agent(lite_stack: Stack) -> None:
 
 async def test_barge_in_clears_the_line_and_keeps_what_was_heard(lite_stack: Stack) -> None:
     async with TwilioCall(_url(lite_stack)) as call:
-        session = await _session(lite_stack)
+        session = await _session(lite_stack, call)
         await call.say(speak(LONG, 8000))
         # the agent says it back (several seconds): talk over it after a second of its audio
         await _until(lambda: len(call.heard.audio) > 8000, 90, "a second of the agent")
@@ -122,7 +133,7 @@ async def test_malformed_messages_never_end_the_call(lite_stack: Stack) -> None:
     invalid = metrics.TWILIO_MESSAGES.labels("invalid")
     before = invalid._value.get()
     async with TwilioCall(_url(lite_stack)) as call:
-        session = await _session(lite_stack)
+        session = await _session(lite_stack, call)
         assert call.ws is not None
         for bad in (
             "not json",
