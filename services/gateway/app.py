@@ -117,7 +117,8 @@ def create_app(
     chosen = AgentChoice(section.default_agent or "echo")
     gateway_id = section.gateway_id or f"gw-{uuid.uuid4().hex[:12]}"
     redis = connect(settings.redis)
-    bus = GatewayBus(redis, settings.redis, gateway_id)
+    retry_s = min(section.asr_timeout_s, section.tts_timeout_s)
+    bus = GatewayBus(redis, settings.redis, gateway_id, retry_s=retry_s)
     sessions: dict[str, Session | DuplexSession] = {}
     store = SessionStore(redis, settings.redis.prefix, section.resume_window_s, settings.redis)
     admission = admission or Admission(section.admission, section.max_sessions)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -22,7 +23,10 @@ from services.common.bus.streams import JobStream, cancel
 log = logging.getLogger(__name__)
 
 Deliver = Callable[[BusResult, bytes | None], None]
+Sleep = Callable[[float], Awaitable[None]]
 SEEN_RESULTS = 8192  # results remembered to drop repeats (a job replayed after a failover)
+RETRY_FIRST_S = 0.25  # the first pause between tries of a turn's job; doubles up to RETRY_MAX_S
+RETRY_MAX_S = 2.0
 
 
 @contextlib.asynccontextmanager
@@ -31,7 +35,8 @@ async def _unreachable(what: str) -> AsyncIterator[None]:
     session: the session's own timeouts tell the client (`asr_unavailable` after
     `asr_timeout_s`, `tts_unavailable` after `tts_timeout_s`), and a job's partial or
     speculative transcript was droppable anyway. The fault drill found sessions closed with
-    1011 when Redis restarted (docs/fault-drill.md)."""
+    1011 when Redis restarted (docs/fault-drill.md). A job that carries a turn is tried
+    again first (`GatewayBus._submit_turn`)."""
     try:
         yield
     except REDIS_DOWN as exc:
@@ -41,9 +46,24 @@ async def _unreachable(what: str) -> AsyncIterator[None]:
 class GatewayBus:
     """Submits ASR/TTS jobs whose results come back to this gateway's stream."""
 
-    def __init__(self, redis: Redis, settings: RedisSettings, gateway_id: str) -> None:
+    def __init__(
+        self,
+        redis: Redis,
+        settings: RedisSettings,
+        gateway_id: str,
+        retry_s: float = 0.0,
+        sleep: Sleep = asyncio.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`retry_s`: how long a job that carries a turn (a final transcript, a reply's
+        speech) is tried again while Redis is out of reach, before it is dropped; the
+        gateway gives it the session's own ASR/TTS timeout, after which the turn is
+        reported failed anyway."""
         self.redis = redis
         self.settings = settings
+        self.retry_s = retry_s
+        self._sleep = sleep
+        self._clock = clock
         self.keys = Keys(settings.prefix, settings.shards)
         self.reply_to = self.keys.results(gateway_id)
         self._asr = {
@@ -60,17 +80,40 @@ class GatewayBus:
         self._seen: OrderedDict[tuple[str, str, int, int], None] = OrderedDict()
 
     async def submit_asr(self, job: AsrJob, pcm16: bytes) -> None:
-        """A final transcript is a user's turn: it waits for replicas (`wait_replicas`)."""
+        """A final transcript is a user's turn: it waits for replicas (`wait_replicas`) and
+        is tried again while Redis is out of reach (a partial is dropped at once)."""
         stream = self._asr[job.mode][self.keys.shard_of(job.session_id)]
         fields: Fields = {b"meta": job.dump(), b"audio": pcm16}
+        if job.mode == "final":
+            await self._submit_turn(stream, fields, f"the ASR job {job.job_id}")
+            return
         async with _unreachable(f"the ASR job {job.job_id}"):
-            await stream.submit(fields, durable=job.mode == "final")
+            await stream.submit(fields)
 
     async def submit_tts(self, job: TtsJob) -> None:
-        """The spoken answer of a turn: it waits for replicas too."""
+        """The spoken answer of a turn: it waits for replicas and is tried again too."""
         stream = self._tts[self.keys.shard_of(job.session_id)]
-        async with _unreachable(f"the TTS job {job.job_id}"):
-            await stream.submit({b"meta": job.dump()}, durable=True)
+        await self._submit_turn(stream, {b"meta": job.dump()}, f"the TTS job {job.job_id}")
+
+    async def _submit_turn(self, stream: JobStream, fields: Fields, what: str) -> None:
+        """Submit a job a turn needs, trying again for `retry_s` while Redis is out of reach
+        (a failover: the cluster client gives up on a dead master before a replica is
+        promoted). A try that reached Redis before its connection broke may leave the job
+        twice: workers skip a job already done and results are de-duplicated by job id."""
+        deadline = self._clock() + self.retry_s
+        pause = RETRY_FIRST_S
+        while True:
+            try:
+                await stream.submit(fields, durable=True)
+                return
+            except REDIS_DOWN as exc:
+                left = deadline - self._clock()
+                if left <= 0:
+                    log.warning("redis unreachable: %s dropped (%s)", what, exc)
+                    return
+                log.info("redis unreachable: %s tried again (%s)", what, exc)
+                await self._sleep(min(pause, left))
+                pause = min(pause * 2, RETRY_MAX_S)
 
     async def cancel(self, response_id: str) -> None:
         async with _unreachable(f"the cancellation of {response_id}"):
