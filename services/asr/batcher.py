@@ -16,7 +16,6 @@ the streaming doors' utterances always go first.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
 from collections import deque
@@ -43,6 +42,7 @@ from services.asr.metrics import (
     ASR_QUEUE_WAIT,
 )
 from services.common.errors import CapacityError
+from services.common.service.waiting import set_within
 
 Mode = Literal["final", "partial"]
 T = TypeVar("T")
@@ -126,8 +126,7 @@ class Batcher:
     async def _wait_for_more(self) -> None:
         """Give a batch up to `max_wait_ms` to fill; a full batch goes at once."""
         self._full.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._full.wait(), self.max_wait_s)
+        await set_within(self._full, self.max_wait_s)
 
     def _take_batch(self) -> list[_Waiting]:
         batch: list[_Waiting] = []

@@ -31,6 +31,7 @@ from services.common.protocol.events import (
     ResponseTextDelta,
     SessionConfig,
 )
+from services.common.service.waiting import set_within
 from services.gateway import metrics
 from services.gateway.agent import AgentOutput, ToolsAnswered, ToolsCalled, Turn, closing
 from services.gateway.bus import GatewayBus
@@ -292,23 +293,23 @@ class Reply:
         rate = self.config.output_sample_rate
         frame_bytes = 2 * ms_to_samples(self.ctx.settings.output_frame_ms, rate)
         pending = b""
-        while True:
+        while not self.done:  # stopped (the session ended) or finished elsewhere: no more
             self.audio.changed.clear()
             pcm = self.audio.next_audio()
             if pcm is not None:
                 pending += pcm
-                while len(pending) >= frame_bytes:
+                while len(pending) >= frame_bytes and not self.done:
                     await self._send_frame(pending[:frame_bytes], rate)
                     pending = pending[frame_bytes:]
                 continue
             if self.audio.complete:
                 break
-            try:
-                await asyncio.wait_for(self.audio.changed.wait(), self.ctx.settings.tts_timeout_s)
-            except TimeoutError:
+            if not await set_within(self.audio.changed, self.ctx.settings.tts_timeout_s):
                 await self.ctx.output.send_error(TtsUnavailable("no TTS audio arrived in time"))
                 await self._finish("failed")
                 return
+        if self.done:
+            return
         if pending:
             await self._send_frame(pending, rate)
         failed = self.audio.any_failed or self.agent_failed
