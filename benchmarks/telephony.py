@@ -330,14 +330,14 @@ OFFLINE: dict[str, Callable[[np.ndarray[Any, Any]], np.ndarray[Any, Any]]] = {
 """The ASR alone (in process, no stack, no VAD): where a telephone WER gap comes from."""
 
 
-def offline(sentences: list[str]) -> dict[str, Any]:
-    """Each sentence in each voice through tiny.en four ways: wideband; the 8 kHz band alone;
+def offline(sentences: list[str], model: str = "tiny.en") -> dict[str, Any]:
+    """Each sentence in each voice through `model` four ways: wideband; the 8 kHz band alone;
     mu-law too; mu-law upsampled by soxr instead of the polyphase filter."""
     from services.asr.engines.base import AsrInput
     from services.asr.engines.whisper import FasterWhisperEngine
     from services.asr.settings import WhisperSettings
 
-    engine = FasterWhisperEngine(WhisperSettings())
+    engine = FasterWhisperEngine(WhisperSettings(model=model))
     engine.load()
     pad, tail = np.zeros(4800, np.float32), np.zeros(8000, np.float32)
     heard: dict[str, dict[str, list[str]]] = {way: {v: [] for v in VOICES} for way in OFFLINE}
@@ -367,6 +367,9 @@ def main() -> None:
     parser.add_argument(
         "--offline", action="store_true", help="the ASR alone, in process (OFFLINE's four ways)"
     )
+    parser.add_argument(
+        "--model", default="tiny.en", help="--offline: the Whisper model (`base`: multilingual)"
+    )
     args = parser.parse_args()
     sentences = list(SENTENCES[: args.sentences])
     if args.summarize:  # the summary again from a results file's turns (no new run)
@@ -376,7 +379,14 @@ def main() -> None:
         print(json.dumps(done["summary"], indent=2))
         return
     if args.offline:
-        body = {"benchmark": "telephony_asr_offline", "model": "tiny.en", **offline(sentences)}
+        heard = offline(sentences, args.model)
+        gap = heard["mulaw8k_polyphase"]["wer"] - heard["pcm16k"]["wer"]
+        body = {
+            "benchmark": "telephony_asr_offline",
+            "model": args.model,
+            **heard,
+            "mulaw8k_polyphase_minus_pcm16k": round(gap, 4),
+        }
         print(json.dumps(body, indent=2))
         if args.out:
             write(args.out, body)
