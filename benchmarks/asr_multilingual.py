@@ -40,7 +40,7 @@ RUNS = (("tiny.en", None), ("base", None), ("base", "en"))
 def spoken(text: str, voice: str) -> npt.NDArray[np.float32]:
     if voice == "espeak":
         return speak(text, 16000)
-    return piper_speech(text, deterministic=True)
+    return piper_speech(text)
 
 
 def run(

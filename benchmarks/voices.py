@@ -17,7 +17,7 @@ RATE = 16000
 def piper(speed: float, rate: int = RATE) -> Voice:
     """Piper's joe voice at `speed`, resampled to `rate`."""
 
-    return lambda text: piper_speech(text, rate, speed)
+    return lambda text: piper_speech(text, rate, speed, deterministic=False)
 
 
 def espeak(voice: str, wpm: int, rate: int = RATE) -> Voice:
