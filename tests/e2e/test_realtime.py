@@ -337,8 +337,10 @@ async def test_sdk_function_calling_round_trip(
             if e["type"] == "response.output_audio.delta"
         )
     heard = await _transcribe(lite_stack, audio)
-    # the tool's words (tiny.en hears "In Paris" as "and pairs" now and then: not checked)
-    assert "sunny" in heard.lower() and ("21" in heard or "twenty" in heard.lower()), heard
+    # the tool's words, as tiny.en hears Piper's take (its duration noise differs each run):
+    # "In Paris" is heard as "and pairs" now and then (not checked), and "sunny" as
+    # "sunning" (a fresh-clone run): the stem and the number carry the tool's result
+    assert "sun" in heard.lower() and ("21" in heard or "twenty" in heard.lower()), heard
 
 
 async def _transcribe(stack: Stack, pcm24k: bytes) -> str:
