@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from services.common.audio.listener import Listener
-from services.common.audio.pcm import float_to_pcm16
+from services.common.audio.pcm import AudioF32, float_to_pcm16
 from services.common.audio.turns import SpeechEnd, SpeechPause, SpeechStart, TurnEvent
 from services.common.audio.vad import VadSettings
 from services.common.bus.messages import AsrJob, AsrResult, JobFailed
@@ -250,7 +250,7 @@ class Hearing:
         if self.settings.speculative_asr:
             job = self._asr_job(utterance_id, new_id("asrs"), "final")
             self.speculation.start(utterance_id, pause.end_ms, job.job_id)
-            await self.bus.submit_asr(job, float_to_pcm16(pause.audio))
+            self._submit(job, pause.audio)
         self.pause.watch(utterance_id, pause.end_ms, self.speculation.text)
 
     async def _pause_ended(self, utterance_id: str) -> None:
@@ -294,8 +294,13 @@ class Hearing:
             if reused.result is not None:  # the transcript is already here
                 await self._on_final(reused.result)
             return
-        job = self._asr_job(utterance_id, job_id, "final")
-        await self.bus.submit_asr(job, float_to_pcm16(end.audio))
+        self._submit(self._asr_job(utterance_id, job_id, "final"), end.audio)
+
+    def _submit(self, job: AsrJob, audio: AudioF32) -> None:
+        """A final-mode job goes off the input path: while Redis is out of reach the bus
+        tries it again for up to the session's timeout, and the client's frames (a close
+        among them) must not wait for that."""
+        self.spawn(self.bus.submit_asr(job, float_to_pcm16(audio)), "asr-submit")
 
     def _asr_timed_out(self, utterance_id: str) -> None:
         if self.pending.pop(utterance_id, None) is not None:
