@@ -330,14 +330,14 @@ OFFLINE: dict[str, Callable[[np.ndarray[Any, Any]], np.ndarray[Any, Any]]] = {
 """The ASR alone (in process, no stack, no VAD): where a telephone WER gap comes from."""
 
 
-def offline(sentences: list[str], model: str = "tiny.en") -> dict[str, Any]:
+def offline(sentences: list[str], model: str = "tiny.en", beam: int = 1) -> dict[str, Any]:
     """Each sentence in each voice through `model` four ways: wideband; the 8 kHz band alone;
     mu-law too; mu-law upsampled by soxr instead of the polyphase filter."""
     from services.asr.engines.base import AsrInput
     from services.asr.engines.whisper import FasterWhisperEngine
     from services.asr.settings import WhisperSettings
 
-    engine = FasterWhisperEngine(WhisperSettings(model=model))
+    engine = FasterWhisperEngine(WhisperSettings(model=model, beam_size=beam))
     engine.load()
     pad, tail = np.zeros(4800, np.float32), np.zeros(8000, np.float32)
     heard: dict[str, dict[str, list[str]]] = {way: {v: [] for v in VOICES} for way in OFFLINE}
@@ -370,6 +370,7 @@ def main() -> None:
     parser.add_argument(
         "--model", default="tiny.en", help="--offline: the Whisper model (`base`: multilingual)"
     )
+    parser.add_argument("--beam", type=int, default=1, help="--offline: the beam size (1: greedy)")
     args = parser.parse_args()
     sentences = list(SENTENCES[: args.sentences])
     if args.summarize:  # the summary again from a results file's turns (no new run)
@@ -379,11 +380,12 @@ def main() -> None:
         print(json.dumps(done["summary"], indent=2))
         return
     if args.offline:
-        heard = offline(sentences, args.model)
+        heard = offline(sentences, args.model, args.beam)
         gap = heard["mulaw8k_polyphase"]["wer"] - heard["pcm16k"]["wer"]
         body = {
             "benchmark": "telephony_asr_offline",
             "model": args.model,
+            "beam_size": args.beam,
             **heard,
             "mulaw8k_polyphase_minus_pcm16k": round(gap, 4),
         }
