@@ -51,6 +51,7 @@ STAGES = ("decided", "transcript", "created", "first_text", "voice_to_voice")
 SERVICES = ("asr", "tts", "gateway")
 SILENCE = {"VA_GATEWAY__END_OF_TURN": "silence"}
 UNPREPARED = {"VA_GATEWAY__PREPARE_REPLIES": "false"}
+EARLY = {"VA_VAD__PAUSE_MS": "64", "VA_VAD__TRAILING_PAD_MS": "64"}
 
 
 def configurations() -> dict[str, tuple[dict[str, str], float | None]]:
@@ -61,11 +62,15 @@ def configurations() -> dict[str, tuple[dict[str, str], float | None]]:
         "smart-turn, echo": (UNPREPARED, None),
         "smart-turn, echo, prepared (default)": ({}, None),
     }
+    # the speculation (and the prepared reply) from a 64 ms pause, not 128 ms (100 ms on the
+    # VAD's 32 ms grid); Smart Turn is still first asked at 100 ms (the same grid point)
+    configs["smart-turn, echo, prepared, speculation at 64 ms"] = (EARLY, None)
     # the naive baseline with a real agent: what the default install answered before
     configs["silence 600 ms, openai TTFT 300 ms"] = ({**SILENCE, **UNPREPARED}, 300.0)
     for ttft in (0, 300, 600):
         configs[f"smart-turn, openai TTFT {ttft} ms"] = (UNPREPARED, float(ttft))
         configs[f"smart-turn, openai TTFT {ttft} ms, prepared"] = ({}, float(ttft))
+    configs["smart-turn, openai TTFT 300 ms, prepared, speculation at 64 ms"] = (EARLY, 300.0)
     return configs
 
 

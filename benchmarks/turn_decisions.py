@@ -203,7 +203,8 @@ def hear(framed: list[Framed]) -> None:
                 avg_logprob=transcript.avg_logprob,
             )
             before = transcript.text
-            pause.probabilities = model.predict(pause.ask_audio)
+            if pause.ask_audio:  # a pause shorter than the first ask is never asked about
+                pause.probabilities = model.predict(pause.ask_audio)
 
 
 def slim(framed: list[Framed]) -> None:

@@ -11,12 +11,13 @@ import asyncio
 import pytest
 
 from services.common.audio.pcm import AudioF32
+from services.common.audio.vad import VadSettings
 from services.gateway import metrics
 from services.gateway.settings import GatewaySection
 from services.gateway.turn_end import Heard, SilenceOnly, SmartTurn, Transcript
 from tests.component.session_harness import Harness, on_virtual_time, running_session, silence, tone
 
-PAUSE_S = 0.1  # VadSettings().pause_ms: the speculative transcript starts
+PAUSE_S = VadSettings().pause_ms / 1000  # the speculative transcript starts
 FIRST_ASK_S = GatewaySection().end_of_turn_first_ask_ms / 1000  # the model is first asked
 RECHECK_S = GatewaySection().end_of_turn_recheck_ms / 1000  # and again while silence lasts
 WINDOW_S = 512 / 16000
