@@ -71,6 +71,8 @@ class Session:
     events: list[Json] = field(default_factory=list)
     audio: bytearray = field(default_factory=bytearray)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    ended: bool = False
+    """The connection is closed and every message before its close has been read."""
 
     def of(self, kind: str) -> list[Json]:
         return [e for e in self.events if e["type"] == kind]
@@ -84,6 +86,12 @@ class Session:
             while not check():
                 self.changed.clear()
                 await self.changed.wait()
+
+    async def closed(self, timeout_s: float = 30.0) -> None:
+        """Wait for the close, and for every message sent before it. `ws.close_code` is set
+        as the close frame arrives, which can be before the reader has taken the messages
+        queued ahead of it (an error event, say)."""
+        await self.until(lambda: self.ended, timeout_s)
 
     async def event(self, kind: str, timeout_s: float = 30.0) -> Json:
         """The first event of `kind` (waits for it)."""
@@ -101,6 +109,7 @@ class Session:
                 else:
                     self.events.append(json.loads(message))
                 self.changed.set()
+        self.ended = True
         self.changed.set()
 
 

@@ -269,8 +269,11 @@ def create_app(
             pass
         except* VoiceAgentError as group:
             await channel.fail(group.exceptions[0])  # type: ignore[arg-type]
-        except* Exception:
+        except* Exception as group:
             log.exception("session %s failed", config.id)
+            # never a bare close: the client reads a typed error, no details (the log has them)
+            kind = type(group.exceptions[0]).__name__
+            await channel.send_error(VoiceAgentError(f"internal error ({kind})"), fatal=True)
             await channel.close(1011, "internal error")
         finally:
             ended = sessions.pop(config.id, None)

@@ -118,7 +118,7 @@ async def test_a_duplex_service_with_another_secret_is_a_clear_error(
         with ServerThread(app) as gateway:
             _, key = await new_key(redis, "mismatch")
             async with session(f"{gateway.ws}/v1/stream", additional_headers=_bearer(key)) as c:
-                await c.until(lambda: c.ws.close_code is not None)
+                await c.closed()
     assert c.ws.close_code == 1011
     error = c.events[0]
     assert (error["type"], error["code"]) == ("error", "duplex_unavailable")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,8 +19,8 @@ import soxr
 from services.common.audio.pcm import float_to_pcm16, pcm16_to_float
 from services.common.audio.polyphase import PolyphaseResampler
 from services.gateway.app import create_app as gateway_app
+from services.gateway.duplex_link import DuplexLink
 from services.gateway.settings import GatewaySection, GatewaySettings
-from services.ops.redis_server import free_port
 from tests.conftest import RedisProc
 from tests.duplex_gateway import DuplexStack, duplex_stack, lag_and_gain, session, stream
 from tests.servers import ServerThread
@@ -73,7 +74,7 @@ async def test_stream_hears_the_echo_its_text_and_its_own_vad(stack: DuplexStack
         await client.until(lambda: client.samples().size >= frames * 1280 - 1)
         await client.send({"type": "session.close"})
         done = await client.event("response.done")
-        await client.until(lambda: client.ws.close_code is not None)
+        await client.closed()
 
     assert client.ws.close_code == 1000
     kinds = [e["type"] for e in client.events]
@@ -179,7 +180,7 @@ async def test_a_full_duplex_service_is_the_clients_1013(redis_server: RedisProc
         async with session(stack.stream_url) as first:
             await first.event("response.created")
             async with session(stack.stream_url) as second:
-                await second.until(lambda: second.ws.close_code is not None)
+                await second.closed()
             assert second.ws.close_code == 1013
             assert "retry after 7 s" in (second.ws.close_reason or "")
             assert [e["type"] for e in second.events] == ["error"]  # no session.created
@@ -190,16 +191,40 @@ async def test_a_full_duplex_service_is_the_clients_1013(redis_server: RedisProc
 
 
 async def test_an_unreachable_duplex_service_is_a_clear_error(redis_server: RedisProc) -> None:
-    section = GatewaySection(
-        backend="duplex", duplex_url=f"ws://127.0.0.1:{free_port()}", end_of_turn="silence"
-    )
-    app = gateway_app(GatewaySettings(redis=redis_server.settings(), gateway=section))
-    with ServerThread(app) as gateway:
-        async with session(f"{gateway.ws}/v1/stream") as client:
-            await client.until(lambda: client.ws.close_code is not None)
+    # a port held bound but not listening: refused, and nothing else can take it meanwhile
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        section = GatewaySection(
+            backend="duplex",
+            duplex_url=f"ws://127.0.0.1:{held.getsockname()[1]}",
+            end_of_turn="silence",
+        )
+        app = gateway_app(GatewaySettings(redis=redis_server.settings(), gateway=section))
+        with ServerThread(app) as gateway:
+            async with session(f"{gateway.ws}/v1/stream") as client:
+                await client.closed()
     assert client.ws.close_code == 1011
     assert [(e["type"], e["code"]) for e in client.events] == [("error", "duplex_unavailable")]
     assert "unreachable" in client.events[0]["message"]
+
+
+async def test_an_unexpected_failure_is_a_typed_error_not_a_bare_close(
+    redis_server: RedisProc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def broken(*_: Any, **__: Any) -> DuplexLink:
+        raise RuntimeError("a bug of ours")
+
+    monkeypatch.setattr(DuplexLink, "open", broken)
+    section = GatewaySection(backend="duplex", duplex_url="ws://127.0.0.1:9", end_of_turn="silence")
+    app = gateway_app(GatewaySettings(redis=redis_server.settings(), gateway=section))
+    with ServerThread(app) as gateway:
+        async with session(f"{gateway.ws}/v1/stream") as client:
+            await client.closed()
+    assert (client.ws.close_code, client.ws.close_reason) == (1011, "internal error")
+    assert [(e["type"], e["code"], e["fatal"]) for e in client.events] == [
+        ("error", "internal", True)
+    ]
+    assert client.events[0]["message"] == "internal error (RuntimeError)"  # no details
 
 
 async def test_a_client_close_is_answered_at_once_and_frees_the_slot(stack: DuplexStack) -> None:
@@ -259,7 +284,7 @@ async def test_a_duplex_service_going_away_ends_the_session_clearly(
             await stream(client.ws, float_to_pcm16(np.full(FRAME_24K * 3, 0.1, np.float32)), 24000)
             await client.until(lambda: client.samples().size > 0)
             stack.duplex.server.should_exit = True  # uvicorn closes its sessions (1012)
-            await client.until(lambda: client.ws.close_code is not None)
+            await client.closed()
     assert client.ws.close_code == 1011
     done, error = client.of("response.done")[0], client.of("error")[0]
     assert done["status"] == "failed"
@@ -279,7 +304,7 @@ async def test_a_drain_closes_duplex_sessions_with_1012_and_frees_their_slots(
             async with httpx.AsyncClient(base_url=stack.gateway.http, timeout=30) as http:
                 drained = await http.post("/admin/drain", params={"grace_s": 0, "wait_s": 10})
                 refused = await http.get("/ready")
-            await client.until(lambda: client.ws.close_code is not None)
+            await client.closed()
         assert drained.json()["closed_1012"] == 1 and drained.json()["remaining"] == 0
         assert refused.status_code == 503
         assert client.ws.close_code == 1012
@@ -306,7 +331,7 @@ async def test_a_g711_session_hears_the_echo_in_mu_law(stack: DuplexStack) -> No
         frames = len(pcm) // 2 // 640  # 80 ms model frames, at 8 kHz
         await client.until(lambda: len(client.audio) >= (frames - 1) * 640)
         await client.send({"type": "session.close"})
-        await client.until(lambda: client.ws.close_code is not None)
+        await client.closed()
     sent = pcm16_to_float(g711.decode(coded, "pcmu"))
     heard = pcm16_to_float(g711.decode(bytes(client.audio), "pcmu"))  # one byte a sample
     lag, gain, correlation = lag_and_gain(sent, heard, 640 + 200)
