@@ -45,17 +45,18 @@ class VadSettings(BaseModel):
     """Speech shorter than this is not a turn start."""
     min_silence_ms: int = Field(default=600, ge=32, le=10_000)
     """Silence that ends a turn."""
-    pause_ms: int = Field(default=64, ge=32, le=10_000)
+    pause_ms: int = Field(default=100, ge=32, le=10_000)
     """A shorter silence inside an utterance is reported as a pause (no less than
     `trailing_pad_ms`): a speculative transcript starts; a pause end-of-turn policy is
-    asked (smart-turn first at `VA_GATEWAY__END_OF_TURN_FIRST_ASK_MS` of silence). Two of
-    the VAD's 32 ms windows: the transcript is in before Smart Turn's first ask (at 100
-    ms: the fourth window) needs it, and the two models do not share the cores
-    (benchmarks/results/answer_sooner_pause64_lite.json: voice-to-voice p50 301 ms
-    against 381 ms from the fourth window, +0.07 CPU-s per turn)."""
+    asked (smart-turn first at `VA_GATEWAY__END_OF_TURN_FIRST_ASK_MS` of silence). 64
+    (with `trailing_pad_ms` 64) starts the transcript two 32 ms windows sooner: echo
+    voice-to-voice p50 301 against 381 ms on 2 cores
+    (benchmarks/results/answer_sooner_pause64_lite.json), but a turn can then end inside
+    a 200-300 ms pause that the slower transcript outlasted; not the default until that is
+    measured (docs/turn-taking.md)."""
     speech_pad_ms: int = Field(default=200, ge=0, le=2_000)
     """Audio kept before the detected start of speech."""
-    trailing_pad_ms: int = Field(default=64, ge=0, le=2_000)
+    trailing_pad_ms: int = Field(default=100, ge=0, le=2_000)
     """Audio kept, at most, after the end of speech (what ASR hears past the last word)."""
     max_utterance_s: float = Field(default=30.0, ge=1.0, le=30.0)
     """An utterance this long is split (ASR jobs hold at most 30 s)."""
