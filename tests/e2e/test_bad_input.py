@@ -24,6 +24,7 @@ from tests.e2e.wire import (
     recv_json,
     recv_until,
     send_json,
+    send_to_close,
 )
 from tests.speech import speak, to_pcm16
 
@@ -205,8 +206,7 @@ async def test_gateway_frame_over_one_second_closes_1009(
 async def test_gateway_frame_over_hard_cap_closes_1009(lite_stack: Stack) -> None:
     async with connect(lite_stack.stream_url) as ws:
         await _session(ws)
-        await ws.send(bytes(HARD_CAP + 2))
-        _, code = await read_to_close(ws)
+        _, code = await send_to_close(ws, bytes(HARD_CAP + 2))
     assert code == 1009
 
 
@@ -214,8 +214,7 @@ async def test_gateway_text_over_hard_cap_closes_1009(lite_stack: Stack) -> None
     async with connect(lite_stack.stream_url) as ws:
         await _session(ws)
         text = json.dumps({"type": "conversation.text", "text": "a" * HARD_CAP})
-        await ws.send(text)
-        _, code = await read_to_close(ws)
+        _, code = await send_to_close(ws, text)
     assert code == 1009
 
 
@@ -350,8 +349,7 @@ async def test_asr_commit_after_the_vad_ended_the_segment_comes_after_its_final(
 async def test_asr_oversize_frame_closes_1009(lite_stack: Stack, query: str, size: int) -> None:
     async with connect(_asr_url(lite_stack, query)) as ws:
         assert (await recv_json(ws))["type"] == "ready"
-        await ws.send(bytes(size))
-        events, code = await read_to_close(ws)
+        events, code = await send_to_close(ws, bytes(size))
     assert code == 1009
     if size < HARD_CAP:
         assert [(e["type"], e["code"], e["fatal"]) for e in events] == [
@@ -477,8 +475,8 @@ async def test_tts_burst_every_request_answered(lite_stack: Stack) -> None:
 async def test_tts_oversize_text_frame_closes_1009(lite_stack: Stack) -> None:
     async with connect(_tts_url(lite_stack)) as ws:
         assert await recv_json(ws) == {"type": "ready"}
-        await send_json(ws, {"type": "speak", "id": "big", "text": "a" * HARD_CAP})
-        _, code = await read_to_close(ws)
+        speak_big = {"type": "speak", "id": "big", "text": "a" * HARD_CAP}
+        _, code = await send_to_close(ws, json.dumps(speak_big))
     assert code == 1009
 
 

@@ -106,6 +106,18 @@ async def read_to_close(ws: ClientConnection, timeout_s: float = 10.0) -> tuple[
             return seen, closed.rcvd.code
 
 
+async def send_to_close(ws: ClientConnection, message: str | bytes) -> tuple[list[Json], int]:
+    """Send a frame the server must refuse, then read to its close: the events seen and its
+    close code. A server may close as soon as a frame's header says it is too big, while
+    the client is still writing it: the send then ends with the server's close."""
+    try:
+        await ws.send(message)
+    except websockets.ConnectionClosed as closed:
+        assert closed.rcvd is not None, f"no close frame from the server: {closed}"
+        return [], closed.rcvd.code
+    return await read_to_close(ws)
+
+
 def pipelined(port: int, path: str, *messages: bytes, until: bytes) -> bytes:
     """A raw client that sends the upgrade request and masked text frames in one write,
     without waiting for the 101 (RFC 6455 says to wait; some clients do not); returns what
