@@ -13,6 +13,7 @@ import websockets
 from websockets.asyncio.client import connect
 
 from services.common.auth.settings import AuthSettings
+from services.duplex.settings import FakeDuplexSettings
 from tests.conftest import RedisProc
 from tests.duplex_client import (
     FRAME,
@@ -51,7 +52,12 @@ async def test_echo_comes_back_resampled_with_text(redis_server: RedisProc) -> N
 
 
 async def test_two_sessions_are_stepped_together(redis_server: RedisProc) -> None:
-    with duplex_server(redis_server.settings(), engine="fake", gather_ms=2_000) as server:
+    # a step takes a model's 80 ms: the instant fake stepped a's 8 frames before b's message
+    # was read once in a fresh-clone run, and a batch takes only the frames already there
+    fake = FakeDuplexSettings(step_ms=80)
+    with duplex_server(
+        redis_server.settings(), engine="fake", gather_ms=2_000, fake=fake
+    ) as server:
         before = histogram_count_above(server.http, "va_duplex_step_batch_size", 1)
         url = f"{server.ws}/v1/stream/duplex"
         async with connect(url) as a, connect(url) as b:
