@@ -67,6 +67,17 @@ class CapacityError(VoiceAgentError):
         self.retry_after_s = retry_after_s
 
 
+class InternalError(VoiceAgentError):
+    """A failure that is not one of ours to describe (a bug): the client is told only its
+    kind; the traceback stays in the log."""
+
+    fatal = True
+
+    @classmethod
+    def of(cls, exc: BaseException) -> InternalError:
+        return cls(f"internal error ({type(exc).__name__})")
+
+
 class EngineUnavailable(VoiceAgentError):
     """A model or engine that is not loaded or cannot load. The message names the fix."""
 

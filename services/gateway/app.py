@@ -22,7 +22,7 @@ from services.common.auth.relay import relay_headers
 from services.common.auth.tokens_api import install_auth
 from services.common.bus.connection import connect
 from services.common.bus.messages import BusResult
-from services.common.errors import CapacityError, Forbidden, VoiceAgentError
+from services.common.errors import CapacityError, Forbidden, InternalError, VoiceAgentError
 from services.common.protocol.events import SessionConfig, SessionCreated
 from services.common.service.lifecycle import Background
 from services.common.service.routes import ServiceState, install_ops
@@ -272,8 +272,7 @@ def create_app(
         except* Exception as group:
             log.exception("session %s failed", config.id)
             # never a bare close: the client reads a typed error, no details (the log has them)
-            kind = type(group.exceptions[0]).__name__
-            await channel.send_error(VoiceAgentError(f"internal error ({kind})"), fatal=True)
+            await channel.send_error(InternalError.of(group.exceptions[0]))
             await channel.close(1011, "internal error")
         finally:
             ended = sessions.pop(config.id, None)

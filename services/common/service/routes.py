@@ -20,6 +20,7 @@ from services.common import metrics
 from services.common.audio.pcm import ALLOWED_SAMPLE_RATES
 from services.common.auth.guard import BRIEF_HEALTH, retry_headers
 from services.common.errors import (
+    InternalError,
     InvalidMessage,
     UnsupportedSampleRate,
     VoiceAgentError,
@@ -221,7 +222,7 @@ def install_ops(app: FastAPI, state: ServiceState) -> None:
     @app.exception_handler(Exception)
     async def unexpected_error(_: Request, exc: Exception) -> JSONResponse:
         # The server still logs the traceback; the client gets the JSON shape, no details.
-        return reply(VoiceAgentError(f"internal error ({type(exc).__name__})"))
+        return reply(InternalError.of(exc))
 
     @app.exception_handler(WebSocketRequestValidationError)
     async def ws_validation_error(ws: WebSocket, exc: WebSocketRequestValidationError) -> None:
