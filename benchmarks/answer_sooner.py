@@ -52,6 +52,7 @@ SERVICES = ("asr", "tts", "gateway")
 SILENCE = {"VA_GATEWAY__END_OF_TURN": "silence"}
 UNPREPARED = {"VA_GATEWAY__PREPARE_REPLIES": "false"}
 EARLY = {"VA_VAD__PAUSE_MS": "64", "VA_VAD__TRAILING_PAD_MS": "64"}
+CLAUSES_ONLY = {"VA_GATEWAY__FIRST_CHUNK_PHRASE": "false"}
 
 
 def configurations() -> dict[str, tuple[dict[str, str], float | None]]:
@@ -71,6 +72,11 @@ def configurations() -> dict[str, tuple[dict[str, str], float | None]]:
         configs[f"smart-turn, openai TTFT {ttft} ms"] = (UNPREPARED, float(ttft))
         configs[f"smart-turn, openai TTFT {ttft} ms, prepared"] = ({}, float(ttft))
     configs["smart-turn, openai TTFT 300 ms, prepared, speculation at 64 ms"] = (EARLY, 300.0)
+    # before the first chunk could be cut before a phrase: at a clause or sentence end only
+    configs["smart-turn, openai TTFT 300 ms, prepared, first chunk at clauses only"] = (
+        CLAUSES_ONLY,
+        300.0,
+    )
     return configs
 
 

@@ -1,4 +1,4 @@
-"""Cut the agent's streaming text into chunks for TTS: sentences, and a short first clause.
+"""Cut the agent's streaming text into chunks for TTS: sentences, and a short first phrase.
 
 Sentence ends are found by `sentencex` (Wikimedia's segmenter: rules for ~300 languages,
 abbreviations such as "Dr." and "e.g.", initials, decimals, URLs; a compiled extension with
@@ -12,7 +12,10 @@ import re
 
 import sentencex
 
+from services.common.text import starts_phrase
+
 _CLAUSE_END = re.compile(r"[,;:—]\s+")
+_WORD_THEN_SPACE = re.compile(r"(\S+)\s")
 _MAYBE_END = re.compile(r"[.!?…\n。！？؟।]\S*\s*\S")
 """A sentence mark with text after it: only then is the segmenter asked (it is not free)."""
 _ENUMERATOR = re.compile(
@@ -43,13 +46,21 @@ class Chunker:
     """Incremental: `feed` text deltas, get back chunks as soon as they are complete.
 
     A chunk ends at a sentence end. The first chunk may also end at a clause once it
-    holds `first_chunk_words` words, so the first audio leaves early.
+    holds `first_chunk_words` words, or, with `first_chunk_phrase`, before a word that
+    starts a phrase ("to", "with", "and"...) once that many words precede it: the first
+    audio does not wait for the end of a long sentence with no comma (an LLM streams one in
+    ~20 ms a word; the TTS engine cuts its own first piece the same way).
     """
 
     def __init__(
-        self, first_chunk_words: int = 6, max_chars: int = 400, language: str | None = None
+        self,
+        first_chunk_words: int = 6,
+        max_chars: int = 400,
+        language: str | None = None,
+        first_chunk_phrase: bool = True,
     ) -> None:
         self.first_chunk_words = first_chunk_words
+        self.first_chunk_phrase = first_chunk_phrase
         self.max_chars = max_chars
         self.language = (language or "en").split("-")[0].lower()
         self._buffer = ""
@@ -89,7 +100,19 @@ class Chunker:
             for clause in _CLAUSE_END.finditer(self._buffer):
                 if len(self._buffer[: clause.start()].split()) >= self.first_chunk_words:
                     return clause.end()
+            if self.first_chunk_phrase and self.language == "en":
+                phrase = self._phrase_start()
+                if phrase is not None:
+                    return phrase
         if len(self._buffer) > self.max_chars:
             space = self._buffer.rfind(" ", 0, self.max_chars)
             return space + 1 if space > 0 else self.max_chars
+        return None
+
+    def _phrase_start(self) -> int | None:
+        """Where a word that starts a phrase begins, once `first_chunk_words` whole words
+        precede it and the word itself is whole (a space follows it)."""
+        for count, word in enumerate(_WORD_THEN_SPACE.finditer(self._buffer)):
+            if count >= self.first_chunk_words and starts_phrase(word.group(1)):
+                return word.start()
         return None

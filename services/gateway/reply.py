@@ -205,7 +205,12 @@ class Reply:
 
     async def _produce(self) -> None:
         """Text → deltas to the client → sentence chunks → TTS jobs."""
-        chunker = Chunker(self.ctx.settings.first_chunk_words, language=self.config.language)
+        settings = self.ctx.settings
+        chunker = Chunker(
+            settings.first_chunk_words,
+            language=self.config.language,
+            first_chunk_phrase=settings.first_chunk_phrase,
+        )
         started = self.ctx.clock() if self.agent is not None else None
         try:
             async with closing(self.source()) as stream:  # a cancel closes the LLM's stream

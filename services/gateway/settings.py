@@ -76,6 +76,10 @@ class GatewaySection(BaseModel):
     """A response whose next audio is this late fails with `tts_unavailable`."""
     first_chunk_words: int = Field(default=6, ge=1, le=100)
     """The first text chunk sent to TTS is cut at a clause once it has this many words."""
+    first_chunk_phrase: bool = True
+    """English replies: the first text chunk may also be cut before a word that starts a
+    phrase ("to", "with", "and"...) once `first_chunk_words` words precede it, so the first
+    audio does not wait for the end of a long sentence with no comma."""
     partial_interval_ms: int = Field(default=600, ge=0, le=10_000)
     """While the user speaks, a partial transcript is asked for this often (0: never), in
     sessions that show partials."""

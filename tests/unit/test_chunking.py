@@ -30,6 +30,38 @@ def test_first_chunk_cut_at_clause_once_long_enough() -> None:
     assert chunks[1:] == ["the weather was lovely, truly lovely."]
 
 
+def test_a_first_sentence_with_no_comma_is_cut_before_a_phrase() -> None:
+    chunker = Chunker(first_chunk_words=6)
+    text = "Please call Stella and ask her to bring these things with her"
+    streamed = [chunker.feed(word + " ") for word in text.split(" ")]
+    # out as soon as "to" is whole: six words before it, and "and" came too early
+    assert streamed[6] == ["Please call Stella and ask her"]
+    assert [c for out in streamed for c in out] == ["Please call Stella and ask her"]
+    assert chunker.flush() == ["to bring these things with her"]
+
+
+def test_a_phrase_word_still_being_streamed_does_not_cut() -> None:
+    chunker = Chunker(first_chunk_words=3)
+    assert chunker.feed("One two three to") == []  # "to" may be "tomorrow"
+    assert chunker.feed("morrow and more ") == ["One two three tomorrow"]
+
+
+def test_only_the_first_chunk_is_cut_at_a_phrase() -> None:
+    text = "Book a table for two people at eight. Then call a taxi to the station."
+    chunks = run([word + " " for word in text.split()], first_words=3)
+    assert chunks == [
+        "Book a table",
+        "for two people at eight.",
+        "Then call a taxi to the station.",
+    ]
+
+
+def test_the_phrase_cut_can_be_turned_off_and_is_english_only() -> None:
+    text = "Please call Stella and ask her to bring these things with her"
+    assert Chunker(6, first_chunk_phrase=False).feed(text + " ") == []
+    assert Chunker(6, language="de").feed("Bitte ruf Stella an und sag ihr to das ") == []
+
+
 def test_short_clause_is_not_cut() -> None:
     assert run(["Yes, sure."]) == ["Yes, sure."]
 

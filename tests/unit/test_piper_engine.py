@@ -66,6 +66,23 @@ def test_pieces(text: str, expected: list[tuple[str, str]]) -> None:
     assert pieces(text, first_words=6, max_words=8) == expected
 
 
+@pytest.mark.parametrize(
+    ("text", "last"),
+    [
+        ("Please call Stella and ask her", ("Please call Stella and ask her", "phrase")),
+        ("Well, as I was saying,", ("Well, as I was saying,", "clause")),
+        ("That is all.", ("That is all.", "sentence")),
+        ('He said "stop."', ('He said "stop."', "sentence")),
+    ],
+)
+def test_a_text_that_stops_inside_a_sentence_keeps_a_short_pause(
+    text: str, last: tuple[str, str]
+) -> None:
+    """The gateway's first chunk may stop mid-sentence: its sentence goes on in the next
+    request, so its tail is not a sentence's pause."""
+    assert pieces(text, first_words=8, max_words=12)[-1] == last
+
+
 def test_pieces_keep_every_word() -> None:
     text = (
         "I would like to book a table for two people at eight tonight, please, near the "
@@ -106,7 +123,7 @@ def test_speed_shortens_the_speech() -> None:
 
 
 def test_durations_vary_unless_their_noise_is_off() -> None:
-    text = "hello from the speech service"
+    text = "Hello from the speech service."  # a whole sentence: its tail is not trimmed
     varied = {sum(c.size for c in spoken(joe(), text)) for _ in range(4)}
     steady = PiperEngine(PiperSettings(noise_w_scale=0.0))
     steady.load()

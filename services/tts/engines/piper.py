@@ -10,7 +10,9 @@ Streaming: the text is cut into pieces (sentences; a sentence longer than the li
 its clause boundaries, with a lower limit for the first sentence so the first audio does
 not wait for a long one); each piece is one ONNX call and one chunk; the caller may stop
 between pieces. At a clause cut the voice's trailing silence (~200 ms) is shortened to
-`clause_pause_ms`. The espeak-ng phonemizer inside piper keeps global state, so it runs
+`clause_pause_ms`, and at a phrase cut to `phrase_pause_ms`; so is the end of a text that
+stops inside a sentence (the gateway's first chunk: its sentence goes on in the next
+request). The espeak-ng phonemizer inside piper keeps global state, so it runs
 under a lock; the ONNX calls run in parallel.
 """
 
@@ -28,6 +30,7 @@ import numpy as np
 from services.common.audio.pcm import resample, speech_end
 from services.common.errors import EngineUnavailable, UnknownVoice
 from services.common.platform.packaged import PackagedModel
+from services.common.text import CLAUSE_MARKS, ends_sentence, starts_phrase
 from services.tts.engines.base import AudioF32, LibraryVoice, SpeechRequest
 from services.tts.settings import PiperSettings
 
@@ -51,19 +54,9 @@ VOICE_NAME: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 Boundary = Literal["sentence", "clause", "phrase"]
 """Where a piece ends: its trailing silence is kept, cut to `clause_pause_ms`, or to
 `phrase_pause_ms`."""
-CLAUSE_MARKS: Final = ",;:—–"
-# fmt: off
-PHRASE_STARTS: Final = frozenset((
-    "and", "but", "or", "so", "because", "while", "when", "where", "which", "who", "that",
-    "after", "before", "until", "if", "than", "as", "at", "by", "for", "from", "in", "into",
-    "near", "of", "on", "over", "to", "under", "with", "without", "about",
-))
-# fmt: on
-"""Words a phrase starts with: where a first sentence with no comma may be cut."""
 MIN_PIECE_WORDS: Final = 3
 _SENTENCE_END: Final = re.compile(r"(?<=[.!?…])\s+")
 _CLAUSE_END: Final = re.compile(r"(?<=[,;:—–])\s+")
-_QUOTES: Final = "\"'“”‘’()[]"
 _PHONEMIZER = threading.Lock()
 """piper's espeak-ng phonemizer is process-global and not thread-safe."""
 
@@ -75,14 +68,23 @@ def pieces(text: str, first_words: int, max_words: int) -> list[tuple[str, Bound
         if not out and len(sentence.split()) > first_words:
             head, sentence = _first_cut(sentence, first_words)
             if head:
-                out.append((head, "clause" if head[-1] in CLAUSE_MARKS else "phrase"))
+                out.append((head, _inner(head)))
         if len(sentence.split()) <= max_words:
             out.append((sentence, "sentence"))
             continue
         clauses = _merged(filter(None, (c.strip() for c in _CLAUSE_END.split(sentence))))
         last = len(clauses) - 1
         out.extend((c, "sentence" if i == last else "clause") for i, c in enumerate(clauses))
+    if out and not ends_sentence(out[-1][0]):
+        # a text that stops inside a sentence (the gateway's first chunk, cut at a comma or
+        # before "to", "with"...): its sentence goes on in the next request
+        out[-1] = (out[-1][0], _inner(out[-1][0]))
     return out
+
+
+def _inner(piece: str) -> Boundary:
+    """The boundary after a piece that its sentence goes on from."""
+    return "clause" if piece[-1] in CLAUSE_MARKS else "phrase"
 
 
 def _first_cut(sentence: str, first_words: int) -> tuple[str, str]:
@@ -96,7 +98,7 @@ def _first_cut(sentence: str, first_words: int) -> tuple[str, str]:
         if words[i - 1][-1] in CLAUSE_MARKS:
             return " ".join(words[:i]), " ".join(words[i:])
     for i in range(max(MIN_PIECE_WORDS, first_words - 1), reach + 1):
-        if words[i].lower().strip(_QUOTES) in PHRASE_STARTS:
+        if starts_phrase(words[i]):
             return " ".join(words[:i]), " ".join(words[i:])
     return "", sentence
 
