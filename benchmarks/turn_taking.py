@@ -13,7 +13,9 @@ words so far look finished ("Turn the volume up"). Each in one espeak-ng voice a
 Piper voice, taken in turn from the part's voices: the tuning part's espeak-ng en-us 160
 wpm and en-gb 190 wpm and Piper joe at speed 1.0 and 1.2; the held-out part's espeak-ng
 en-gb-scotland 170 wpm and en-us 130 wpm and Piper joe at speed 1.0 and 0.85 (slower) —
-80 + 56 utterances (`--part` picks one). The cut is made in the audio of the whole
+80 + 56 utterances (`--part` picks one). A third part, `--part long`, is sixteen long
+requests with commas, spoken whole: it counts the answers given at a pause inside a
+sentence. The cut is made in the audio of the whole
 sentence (at the quiet between two words nearest where the fragment, said alone, ends),
 so the fragment keeps the unfinished prosody of speech that
 goes on; the fragment synthesized as its own text would end like a sentence.
@@ -107,6 +109,50 @@ HELD_OUT: list[tuple[str, str, str]] = [
 """The held-out part: sentences and (half of them) voices that no threshold or rule is
 chosen on (docs/turn-taking.md)."""
 
+LONG: list[str] = [
+    "I need a flight to Denver on Friday, preferably in the morning, and a hotel near the "
+    "convention center for three nights.",
+    "When you get a chance, could you look up the hardware store, the one on Main Street, "
+    "and tell me if it is open on Sunday?",
+    "My daughter has a dentist appointment at four, so I will need to leave work early, "
+    "probably around three thirty.",
+    "If it rains tomorrow, move the picnic to Saturday, and let everyone on the list know "
+    "by email.",
+    "The package was supposed to arrive on Tuesday, but the tracking page still says it is "
+    "in Chicago, which seems wrong.",
+    "Read me the first three emails from my manager, skip the newsletters, and mark the "
+    "rest as read.",
+    "I am looking for a quiet restaurant, nothing too expensive, somewhere we can walk to "
+    "from the theatre after the show.",
+    "Before you book anything, check whether my passport is still valid, because I think it "
+    "expires this spring.",
+    "Set the thermostat to twenty one degrees, turn off the porch light, and lock the back "
+    "door before midnight.",
+    "Last time I ordered from them, the soup was cold, the bread was stale, and the driver "
+    "was forty minutes late.",
+    "Can you find a recipe that uses chicken, spinach, and rice, and takes less than half an "
+    "hour to make?",
+    "My brother is flying in from Toronto on the twelfth, so please add that to the "
+    "calendar, with a reminder the day before.",
+    "Play something calm, maybe piano or strings, but nothing with singing, while I finish "
+    "this report.",
+    "Tell my landlord that the heating in the bedroom is broken again, and ask when someone "
+    "can come and fix it.",
+    "I would like to cancel my gym membership, the one I signed up for in January, without "
+    "paying the fee.",
+    "Find me a train to Edinburgh that leaves after ten, arrives before four, and has a "
+    "quiet carriage.",
+]
+"""Long requests, each a run of clauses with commas: the pauses inside a sentence that a
+turn decision must not end at. None of them was used to choose a threshold or rule; they
+are spoken whole (complete turns only), and an answer before the last word is a cut-off
+inside the sentence (`complete_cut_inside`)."""
+LONG_ESPEAK: dict[str, Voice] = {
+    "espeak en-us 150 wpm": espeak("en-us", 150),
+    "espeak en-gb-scotland 140 wpm": espeak("en-gb-scotland", 140),
+}
+LONG_PIPER: dict[str, Voice] = {"piper joe 1.1": piper(1.1), "piper joe 0.9": piper(0.9)}
+
 PARTS = ("tuning", "held-out")
 
 BEFORE = "before: silence 600 ms, no speculation, pads 200 ms, Piper 1 thread, 6-word piece"
@@ -122,6 +168,11 @@ CONFIGS: dict[str, dict[str, str]] = {
     "silence 600 ms": {"VA_GATEWAY__END_OF_TURN": "silence"},
     "heuristic": {"VA_GATEWAY__END_OF_TURN": "heuristic"},
     "smart-turn": {"VA_GATEWAY__END_OF_TURN": "smart-turn"},
+    "smart-turn, speculation at 64 ms": {
+        "VA_GATEWAY__END_OF_TURN": "smart-turn",
+        "VA_VAD__PAUSE_MS": "64",
+        "VA_VAD__TRAILING_PAD_MS": "64",
+    },
     "smart-turn, previous defaults (ASR doubt, no-new-words, unsure 500 ms)": {
         "VA_GATEWAY__END_OF_TURN": "smart-turn",
         "VA_GATEWAY__END_OF_TURN_TRANSCRIPT_LOGPROB": "-0.5",
@@ -270,6 +321,21 @@ def labelled_set(transcribe: Transcribe | None = None, part: str = "all") -> lis
                 out.append(
                     Utterance(sentence, voice, False, first, rest, fragment_text, heard, name, kind)
                 )
+    return out
+
+
+def long_set() -> list[Utterance]:
+    """`LONG`, each sentence whole in one espeak-ng voice and one Piper voice, in turn."""
+    espeaks, pipers = list(LONG_ESPEAK), list(LONG_PIPER)
+    out = []
+    for i, sentence in enumerate(LONG):
+        for voice in (espeaks[i % 2], pipers[(i // 2) % 2]):
+            say = LONG_ESPEAK.get(voice) or LONG_PIPER[voice]
+            out.append(
+                Utterance(
+                    sentence, voice, True, say(sentence), None, sentence, None, "long", "long"
+                )
+            )
     return out
 
 
@@ -462,10 +528,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--gap-ms", type=int, default=1000, help="pause inside incomplete turns")
     parser.add_argument("--configs", nargs="*", default=list(CONFIGS), choices=list(CONFIGS))
-    parser.add_argument("--part", default="all", choices=["all", *PARTS])
+    parser.add_argument("--part", default="all", choices=["all", *PARTS, "long"])
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    utterances = labelled_set(part=args.part)
+    utterances = long_set() if args.part == "long" else labelled_set(part=args.part)
     order = np.random.default_rng(7).permutation(len(utterances))
     utterances = [utterances[i] for i in order]
     print(f"{len(utterances)} utterances")
