@@ -29,7 +29,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ import httpx
 from benchmarks.cpu_per_turn import REQUESTS
 from benchmarks.stack import lite_stack
 from benchmarks.voices import RATE, Voice, espeak, piper
-from services.client.stream import StreamClient
+from services.client.stream import Received, StreamClient
 from services.common.stats import summary
 from services.loadtest.report import write
 from services.ops.redis_server import free_port
@@ -111,26 +111,84 @@ def _until_listed(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 30
 
 
 async def speak_turns(url: str, turns: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """One row per turn, timed by the response to the whole utterance: one created after
+    its last voiced sample. A response begun at a pause inside the sentence (a cut-off,
+    then interrupted by the words that follow) is counted (`answered_inside`), not timed:
+    timing by the first event of each kind would take the cut-off's."""
     rows = []
+    audio_at: list[float] = []
     async with StreamClient(url) as client:
+        client.on_message = lambda now, message: (
+            audio_at.append(now) if isinstance(message, bytes) else None
+        )
         for voice, sentence in turns:
             turn = client.new_turn()
+            audio_at.clear()
             await client.speak(VOICES[voice](sentence), RATE)
-            await client.silence_until("response.done", timeout_s=30)
-            since = turn.ms_after_speech
-            rows.append(
-                {
-                    "voice": voice,
-                    "sentence": sentence,
-                    "transcript": next(iter(turn.of_type("transcript.final")), {}).get("text"),
-                    "decided": since("speech.stopped"),
-                    "transcript_ms": since("transcript.final"),
-                    "created": since("response.created"),
-                    "first_text": since("response.text.delta"),
-                    "voice_to_voice": round(turn.voice_to_voice_ms or -1.0, 1),
-                }
+            end = turn.last_speech_sent_at or 0.0
+            answer = await client.silence_until(
+                "response.done", timeout_s=30, predicate=_created_after(turn, end)
             )
+            rows.append(_turn_row(voice, sentence, turn, end, str(answer["response_id"]), audio_at))
     return rows
+
+
+def _created_after(turn: Received, end: float) -> Callable[[dict[str, Any]], bool]:
+    """Whether a `response.done` is that of a response created after `end`."""
+
+    def check(event: dict[str, Any]) -> bool:
+        return any(
+            at >= end
+            and created.get("type") == "response.created"
+            and created.get("response_id") == event.get("response_id")
+            for at, created in turn.events
+        )
+
+    return check
+
+
+def _turn_row(
+    voice: str,
+    sentence: str,
+    turn: Received,
+    end: float,
+    answer: str,
+    audio_at: list[float],
+) -> dict[str, Any]:
+    created_at = next(
+        at
+        for at, e in turn.events
+        if e.get("type") == "response.created" and e.get("response_id") == answer
+    )
+
+    def since(kind: str, after: float = end, response: str | None = None) -> float | None:
+        at = next(
+            (
+                t
+                for t, e in turn.events
+                if t >= after
+                and e.get("type") == kind
+                and (response is None or e.get("response_id") == response)
+            ),
+            None,
+        )
+        return None if at is None else round((at - end) * 1000, 1)
+
+    first_audio = next((t for t in audio_at if t >= created_at), None)
+    finals = [e for t, e in turn.events if t >= end and e.get("type") == "transcript.final"]
+    return {
+        "voice": voice,
+        "sentence": sentence,
+        "transcript": " / ".join(e.get("text", "") for e in turn.of_type("transcript.final")),
+        "answered_inside": sum(
+            1 for t, e in turn.events if t < end and e.get("type") == "response.created"
+        ),
+        "decided": since("speech.stopped"),
+        "transcript_ms": since("transcript.final") if finals else None,
+        "created": round((created_at - end) * 1000, 1),
+        "first_text": since("response.text.delta", created_at, answer),
+        "voice_to_voice": None if first_audio is None else round((first_audio - end) * 1000, 1),
+    }
 
 
 def cpu_seconds(urls: dict[str, str]) -> dict[str, float]:
@@ -160,6 +218,8 @@ def measure(env: dict[str, str], ttft_ms: float | None, per_voice: int) -> dict[
     return {
         "env": {**env, **({"llm_ttft_ms": str(ttft_ms)} if ttft_ms is not None else {})},
         "turns": len(rows),
+        # a response begun at a pause inside the sentence: the user was cut off
+        "answered_inside": sum(1 for r in rows if r["answered_inside"]),
         "stages_ms": {
             k: summary([float(x) for x in v if x is not None]) for k, v in stages.items()
         },
