@@ -13,9 +13,10 @@ words so far look finished ("Turn the volume up"). Each in one espeak-ng voice a
 Piper voice, taken in turn from the part's voices: the tuning part's espeak-ng en-us 160
 wpm and en-gb 190 wpm and Piper joe at speed 1.0 and 1.2; the held-out part's espeak-ng
 en-gb-scotland 170 wpm and en-us 130 wpm and Piper joe at speed 1.0 and 0.85 (slower) —
-80 + 56 utterances (`--part` picks one). A third part, `--part long`, is sixteen long
-requests with commas, spoken whole: it counts the answers given at a pause inside a
-sentence. The cut is made in the audio of the whole
+80 + 56 utterances (`--part` picks one). Two more parts count the answers given at a
+pause inside a sentence: `--part long`, sixteen long requests with commas, spoken whole,
+and `--part "long held-out"`, twelve others in voices of their own (nothing is chosen on
+them). The cut is made in the audio of the whole
 sentence (at the quiet between two words nearest where the fragment, said alone, ends),
 so the fragment keeps the unfinished prosody of speech that
 goes on; the fragment synthesized as its own text would end like a sentence.
@@ -147,6 +148,34 @@ LONG: list[str] = [
 turn decision must not end at. None of them was used to choose a threshold or rule; they
 are spoken whole (complete turns only), and an answer before the last word is a cut-off
 inside the sentence (`complete_cut_inside`)."""
+LONG_HELD_OUT: list[str] = [
+    "Could you check my calendar for next week, especially Wednesday afternoon, and see if "
+    "I have time for a haircut?",
+    "When the electrician comes, let him in through the side gate, not the front, because "
+    "the dog is in the hall.",
+    "I left my umbrella on the bus this morning, the number nine, so could you find the "
+    "lost property number?",
+    "Order more printer paper, two boxes should do, and some blue pens for the office.",
+    "My mother's birthday is on Sunday, so remind me on Friday, and again on Saturday "
+    "evening, to buy flowers.",
+    "If the meeting runs late, tell the babysitter I will be home by nine, not eight, and "
+    "apologise for me.",
+    "Find a hotel in Lisbon, close to the old town, with a pool if possible, for the last "
+    "week of June.",
+    "The car is making a strange noise, a sort of clicking, whenever I turn left, so book "
+    "it in for a check.",
+    "Write a short note to the neighbours, saying thanks for the cake, and that we would "
+    "love to return the favour.",
+    "I usually run in the evening, after work, but this week I want to try the mornings instead.",
+    "Send the slides to Priya, the final version, not the draft, and copy in the rest of the team.",
+    "What should I pack for a week in Iceland in October, if we plan to hike, and stay in cabins?",
+]
+"""The long part's held-out sentences, in voices of their own: nothing is chosen on them."""
+LONG_HELD_OUT_ESPEAK: dict[str, Voice] = {
+    "espeak en-gb-x-rp 160 wpm": espeak("en-gb-x-rp", 160),
+    "espeak en-us 175 wpm": espeak("en-us", 175),
+}
+LONG_HELD_OUT_PIPER: dict[str, Voice] = {"piper joe 1.0": piper(1.0), "piper joe 0.8": piper(0.8)}
 LONG_ESPEAK: dict[str, Voice] = {
     "espeak en-us 150 wpm": espeak("en-us", 150),
     "espeak en-gb-scotland 140 wpm": espeak("en-gb-scotland", 140),
@@ -154,6 +183,7 @@ LONG_ESPEAK: dict[str, Voice] = {
 LONG_PIPER: dict[str, Voice] = {"piper joe 1.1": piper(1.1), "piper joe 0.9": piper(0.9)}
 
 PARTS = ("tuning", "held-out")
+LONG_PARTS = ("long", "long held-out")
 
 BEFORE = "before: silence 600 ms, no speculation, pads 200 ms, Piper 1 thread, 6-word piece"
 CONFIGS: dict[str, dict[str, str]] = {
@@ -168,6 +198,14 @@ CONFIGS: dict[str, dict[str, str]] = {
     "silence 600 ms": {"VA_GATEWAY__END_OF_TURN": "silence"},
     "heuristic": {"VA_GATEWAY__END_OF_TURN": "heuristic"},
     "smart-turn": {"VA_GATEWAY__END_OF_TURN": "smart-turn"},
+    "smart-turn, unsure 500 ms": {
+        "VA_GATEWAY__END_OF_TURN": "smart-turn",
+        "VA_GATEWAY__END_OF_TURN_UNSURE_MS": "500",
+    },
+    "smart-turn, unsure 700 ms": {
+        "VA_GATEWAY__END_OF_TURN": "smart-turn",
+        "VA_GATEWAY__END_OF_TURN_UNSURE_MS": "700",
+    },
     "smart-turn, speculation at 64 ms": {
         "VA_GATEWAY__END_OF_TURN": "smart-turn",
         "VA_VAD__PAUSE_MS": "64",
@@ -324,25 +362,39 @@ def labelled_set(transcribe: Transcribe | None = None, part: str = "all") -> lis
     return out
 
 
-def long_set() -> list[Utterance]:
-    """`LONG`, each sentence whole in one espeak-ng voice and one Piper voice, in turn."""
-    espeaks, pipers = list(LONG_ESPEAK), list(LONG_PIPER)
+def long_set(part: str = "long") -> list[Utterance]:
+    """`LONG` (part "long") or `LONG_HELD_OUT` ("long held-out"), each sentence whole in
+    one espeak-ng voice and one Piper voice of its part, in turn."""
+    sentences, espeaks, pipers = {
+        "long": (LONG, LONG_ESPEAK, LONG_PIPER),
+        "long held-out": (LONG_HELD_OUT, LONG_HELD_OUT_ESPEAK, LONG_HELD_OUT_PIPER),
+    }[part]
+    espeak, piper = list(espeaks), list(pipers)
     out = []
-    for i, sentence in enumerate(LONG):
-        for voice in (espeaks[i % 2], pipers[(i // 2) % 2]):
-            say = LONG_ESPEAK.get(voice) or LONG_PIPER[voice]
+    for i, sentence in enumerate(sentences):
+        for voice in (espeak[i % 2], piper[(i // 2) % 2]):
+            say = espeaks.get(voice) or pipers[voice]
             out.append(
-                Utterance(
-                    sentence, voice, True, say(sentence), None, sentence, None, "long", "long"
-                )
+                Utterance(sentence, voice, True, say(sentence), None, sentence, None, part, "long")
             )
     return out
 
 
-async def hear(url: str, utterances: list[Utterance], gap_ms: int) -> list[dict[str, Any]]:
+async def hear(
+    url: str, utterances: list[Utterance], gap_ms: int, metrics_url: str | None = None
+) -> list[dict[str, Any]]:
+    """Each utterance's row; with `metrics_url` (the gateway's /metrics), also the turn
+    model's decisions taken while it was heard (`decisions`: which rule ended a turn)."""
     rows = []
     audio_at: list[float] = []
-    async with StreamClient(url) as client:
+    async with StreamClient(url) as client, httpx.AsyncClient(timeout=10) as http:
+
+        async def decisions() -> dict[str, float]:
+            if metrics_url is None:
+                return {}
+            return _turn_model_counts((await http.get(metrics_url)).text)
+
+        before = await decisions()
         client.on_message = lambda now, message: (
             audio_at.append(now) if isinstance(message, bytes) else None
         )
@@ -355,9 +407,28 @@ async def hear(url: str, utterances: list[Utterance], gap_ms: int) -> list[dict[
                 await client.speak(utterance.rest, RATE, lead_silence_ms=gap_ms)
             end = turn.last_speech_sent_at or 0.0  # the end of the voice, not of the clip
             answer = await _answer_then_cancel(client, turn, end, audio_at)
-            rows.append(_row(utterance, turn, end, answer, audio_at))
             await client.silence(0.6)
+            row = _row(utterance, turn, end, answer, audio_at)
+            if metrics_url is not None:
+                after = await decisions()
+                row["decisions"] = {k: v - before.get(k, 0.0) for k, v in after.items()}
+                row["decisions"] = {k: v for k, v in row["decisions"].items() if v}
+                before = after
+            rows.append(row)
     return rows
+
+
+def _turn_model_counts(metrics: str) -> dict[str, float]:
+    """`va_gateway_turn_model_total` by decision, from a /metrics text."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {
+        sample.labels.get("decision", ""): sample.value
+        for family in text_string_to_metric_families(metrics)
+        if family.name == "va_gateway_turn_model"
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    }
 
 
 def _answer(turn: Received, end: float, audio_at: list[float]) -> tuple[float, str] | None:
@@ -528,10 +599,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--gap-ms", type=int, default=1000, help="pause inside incomplete turns")
     parser.add_argument("--configs", nargs="*", default=list(CONFIGS), choices=list(CONFIGS))
-    parser.add_argument("--part", default="all", choices=["all", *PARTS, "long"])
+    parser.add_argument("--part", default="all", choices=["all", *PARTS, *LONG_PARTS])
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    utterances = long_set() if args.part == "long" else labelled_set(part=args.part)
+    long = args.part in LONG_PARTS
+    utterances = long_set(args.part) if long else labelled_set(part=args.part)
     order = np.random.default_rng(7).permutation(len(utterances))
     utterances = [utterances[i] for i in order]
     print(f"{len(utterances)} utterances")
@@ -540,7 +612,7 @@ def main() -> None:
     for name in args.configs:
         with lite_stack(CONFIGS[name]) as urls:
             url = urls["gateway"].replace("http", "ws") + "/v1/stream"
-            rows = asyncio.run(hear(url, utterances, args.gap_ms))
+            rows = asyncio.run(hear(url, utterances, args.gap_ms, f"{urls['gateway']}/metrics"))
             counters = gateway_counters(urls["gateway"])
         results[name] = {
             "env": CONFIGS[name],

@@ -143,6 +143,36 @@ def test_the_labelled_sets_held_out_part_shares_no_sentence_and_has_voices_of_it
         assert f" {word}" in sentence  # where the cut falls
 
 
+def test_the_long_sentences_held_out_part_is_its_own() -> None:
+    """The long parts (pauses inside a sentence): no sentence or voice of the held-out one
+    is in the other, and every sentence has the commas it is there for."""
+    from benchmarks.turn_taking import (
+        LONG,
+        LONG_ESPEAK,
+        LONG_HELD_OUT,
+        LONG_HELD_OUT_ESPEAK,
+        LONG_HELD_OUT_PIPER,
+        LONG_PIPER,
+    )
+
+    assert not set(LONG) & set(LONG_HELD_OUT)
+    assert not {*LONG_ESPEAK, *LONG_PIPER} & {*LONG_HELD_OUT_ESPEAK, *LONG_HELD_OUT_PIPER}
+    assert all(sentence.count(",") >= 1 for sentence in LONG + LONG_HELD_OUT)
+
+
+def test_the_turn_models_decisions_are_read_from_metrics() -> None:
+    from benchmarks.turn_taking import _turn_model_counts
+
+    text = (
+        "# HELP va_gateway_turn_model_total Decisions.\n"
+        "# TYPE va_gateway_turn_model_total counter\n"
+        'va_gateway_turn_model_total{decision="complete"} 3.0\n'
+        'va_gateway_turn_model_total{decision="unsure_ended"} 1.0\n'
+        'va_gateway_other_total{decision="complete"} 9.0\n'
+    )
+    assert _turn_model_counts(text) == {"complete": 3.0, "unsure_ended": 1.0}
+
+
 BENCHMARKS = sorted(
     path.stem for path in Path("benchmarks").glob("*.py") if path.stem != "__init__"
 )
