@@ -522,8 +522,16 @@ def gateway_counters(base_url: str) -> dict[str, Any]:
     from prometheus_client.parser import text_string_to_metric_families
 
     text = httpx.get(f"{base_url}/metrics", timeout=10).text
-    found: dict[str, dict[str, float]] = {"speculative_asr": {}, "turn_model": {}}
-    names = {"va_gateway_speculative_asr": "speculative_asr", "va_gateway_turn_model": "turn_model"}
+    found: dict[str, dict[str, float]] = {
+        "speculative_asr": {},
+        "turn_model": {},
+        "cut_offs_joined": {},
+    }
+    names = {
+        "va_gateway_speculative_asr": "speculative_asr",
+        "va_gateway_turn_model": "turn_model",
+        "va_gateway_cut_offs_joined": "cut_offs_joined",
+    }
     for family in text_string_to_metric_families(text):
         key = names.get(family.name)
         if key is None:

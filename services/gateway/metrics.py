@@ -75,6 +75,11 @@ TURN_HOLDS = Counter(
     "End-of-turn holds by outcome: the user went on (continued) or the hold ran out (expired).",
     ["outcome"],
 )
+CUT_OFFS_JOINED = Counter(
+    "va_gateway_cut_offs_joined_total",
+    "Turns answered at a pause the user went on from (within cut_off_join_ms): the answer "
+    "dropped, the two parts joined into one user turn.",
+)
 TURN_MODEL = Counter(
     "va_gateway_turn_model_total",
     "Answers of a pause end-of-turn policy (smart-turn): complete, incomplete_words (the "

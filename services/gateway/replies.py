@@ -61,6 +61,11 @@ class Replies:
         self.current: Reply | None = None
         self._prepared: _Prepared | None = None
         self._held: _Held | None = None
+        self._went_on_from: Reply | None = None
+        """The reply playing when the user spoke again within `cut_off_join_ms` of the end
+        of the speech it answers."""
+        self._interrupted: Reply | None = None
+        """That reply, once it was cancelled before its end."""
 
     def speaking(self) -> bool:
         return self.current is not None and self.current.speaking
@@ -146,7 +151,18 @@ class Replies:
         """Stop the reply playing (the user keeps what they heard)."""
         reply, self.current = self.current, None
         if reply is not None:
+            if reply is self._went_on_from and not reply.done:
+                self._interrupted = reply
             await reply.cancel()
+
+    def cut_off(self) -> bool:
+        """Whether the words now heard go on from a turn answered too soon: the user spoke
+        again within `cut_off_join_ms` of its end, and its answer has not played to its
+        end (interrupted, or still playing and about to be replaced). Asked once per
+        transcript."""
+        reply, self._went_on_from = self._went_on_from, None
+        interrupted, self._interrupted = self._interrupted, None
+        return reply is not None and (reply is interrupted or reply is self.current)
 
     async def stop(self) -> None:
         """The session ends: every reply's work stops."""
@@ -163,10 +179,20 @@ class Replies:
         self._held = _Held(utterance_id, speech_end_at, timer)
 
     def user_goes_on(self) -> None:
-        """The user speaks again: the held turn waits for the rest, however long."""
+        """The user speaks again: the held turn waits for the rest, however long; a reply
+        to speech that ended within `cut_off_join_ms` may have cut them off (`cut_off`)."""
         if self._held is not None and self._held.timer is not None:
             self._held.timer.cancel()
             self._held.timer = None
+        reply, window = self.current, self.settings.cut_off_join_ms / 1000
+        soon = (
+            reply is not None
+            and not reply.done
+            and reply.speech_end_at is not None
+            and self.context.clock() - reply.speech_end_at <= window
+        )
+        self._went_on_from = reply if soon else None
+        self._interrupted = None
 
     def continued(self) -> bool:
         """Forget the held turn; whether the user went on inside its hold (the next words

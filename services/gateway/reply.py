@@ -32,6 +32,7 @@ from services.common.protocol.events import (
     SessionConfig,
 )
 from services.common.service.waiting import set_within
+from services.common.text import ends_sentence
 from services.gateway import metrics
 from services.gateway.agent import AgentOutput, ToolsAnswered, ToolsCalled, Turn, closing
 from services.gateway.bus import GatewayBus
@@ -222,8 +223,8 @@ class Reply:
                         await self._tool_step(delta, chunker)
                     elif delta:
                         await self._emit(ResponseTextDelta(response_id=self.id, delta=delta))
-                        for chunk in chunker.feed(delta):
-                            await self._submit_tts(chunk)
+                        for chunk in chunker.feed(delta):  # more text follows each
+                            await self._submit_tts(chunk, continues=not ends_sentence(chunk))
         except VoiceAgentError as exc:
             self.agent_failed = True
             await self._emit(exc)
@@ -254,7 +255,7 @@ class Reply:
                     )
                 )
 
-    async def _submit_tts(self, text: str) -> None:
+    async def _submit_tts(self, text: str, continues: bool = False) -> None:
         if self.playout.first_tts_at is None:
             self.playout.first_tts_at = self.ctx.clock()
         seq = self.audio.add_text(text)
@@ -273,6 +274,7 @@ class Reply:
             cfg_weight=style.cfg_weight if style else None,
             temperature=style.temperature if style else None,
             enqueued_at=time.time(),
+            continues=continues,
         )
         await self.ctx.bus.submit_tts(job)
 

@@ -264,6 +264,13 @@ class Session:
             last = self.history[-1]
             self.history[-1] = Turn("user", f"{last.text} {text}")  # one turn, two breaths
             await self._save()
+        elif self.replies.cut_off():
+            await self.replies.cancel()  # what was heard of the answer is in the history now
+            if self._join_cut_off(text):
+                metrics.CUT_OFFS_JOINED.inc()
+                await self._save()
+            else:
+                await self._user_turn(text)
         else:
             await self._user_turn(text)
         policy = self.services.end_of_turn
@@ -276,6 +283,23 @@ class Session:
             self.replies.hold(utterance_id, speech_end_at, hold_ms)
 
     # ------------------------------------------------------------------ history
+
+    def _join_cut_off(self, text: str) -> bool:
+        """The user was answered at a pause and went on: the answer's spoken turn (what
+        they heard of it, over their own words) leaves the history, and their two parts
+        are one turn. Not when the answer called tools: those turns stay, as they ran."""
+        last_user = next(
+            (i for i in range(len(self.history) - 1, -1, -1) if self.history[i].role == "user"),
+            None,
+        )
+        if last_user is None:
+            return False
+        after = self.history[last_user + 1 :]
+        if any(turn.role != "agent" or turn.tool_calls for turn in after):
+            return False
+        joined = Turn("user", f"{self.history[last_user].text} {text}")
+        self.history[last_user:] = [joined]
+        return True
 
     async def _user_turn(self, text: str) -> None:
         self.history.append(Turn("user", text))

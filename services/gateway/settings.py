@@ -92,6 +92,12 @@ class GatewaySection(BaseModel):
     (the VAD's silence alone), `heuristic` (hold on after a trailing "and", "um",
     "the"...), `auto` (smart-turn when its model is installed, else silence) or
     `package.module:factory` for your own."""
+    cut_off_join_ms: int = Field(default=1000, ge=0, le=10_000)
+    """A user who speaks again within this long of the end of their speech, while the
+    answer to it has not played to its end (interrupted, or not yet heard), was cut off
+    at a pause: the answer is dropped from the history with what was heard of it, and the
+    two parts are one user turn, answered whole (0: never; the time includes the VAD's
+    ~100-250 ms to hear that speech began)."""
     end_of_turn_hold_ms: int = Field(default=700, ge=0, le=10_000)
     """How long the `heuristic` policy waits for the user to go on."""
     end_of_turn_fallback_ms: int = Field(default=2000, ge=100, le=10_000)

@@ -49,7 +49,7 @@ class TtsJobHandler:
         if await is_cancelled(self.redis, self.keys, job.response_id):
             TTS_CANCELLED.inc()
             return "cancelled", 0, 0
-        request = self.synthesizer.request(job.text, job.voice, job)
+        request = self.synthesizer.request(job.text, job.voice, job, job.continues)
         index = samples = 0
         stream = self.synthesizer.stream(request, job.sample_rate, job.tenant)
         async with aclosing(stream) as chunks:

@@ -84,8 +84,11 @@ class Synthesizer:
         """Requests waiting for a synthesis slot."""
         return self.waiting
 
-    def request(self, text: str, voice: str | None, asked: Styled) -> SpeechRequest:
-        """What to speak, in the resolved voice, with the style one of the doors asked for."""
+    def request(
+        self, text: str, voice: str | None, asked: Styled, continues: bool = False
+    ) -> SpeechRequest:
+        """What to speak, in the resolved voice, with the style one of the doors asked for
+        (`continues`: a gateway chunk that stops inside a sentence)."""
         return SpeechRequest(
             text=text,
             voice=self.resolve_voice(voice),
@@ -93,6 +96,7 @@ class Synthesizer:
             exaggeration=asked.exaggeration,
             cfg_weight=asked.cfg_weight,
             temperature=asked.temperature,
+            continues=continues,
         )
 
     def resolve_voice(self, voice: str | None) -> str:

@@ -208,6 +208,73 @@ async def test_a_reply_that_starts_over_the_user_talking_yields_to_them() -> Non
     assert metrics.INTERRUPTIONS._value.get() == before + 1
 
 
+async def cut_off_then_go_on(h: Harness, after_audio_ms: int = 0) -> None:
+    """The user's turn is answered at a pause (600 ms of silence here); they go on
+    `after_audio_ms` into the answer's audio, long enough to interrupt it."""
+    await h.say(silence(200), tone(700))
+    while not h.socket.audio:
+        await h.say(silence(20))
+    await h.say(silence(after_audio_ms), tone(700), silence(900))
+    await h.wait_for("response.done", 2)
+
+
+PARTS = ("if it rains move the picnic to saturday", "and tell everyone")
+
+
+@on_virtual_time
+async def test_a_user_cut_off_at_a_pause_is_answered_whole() -> None:
+    """They go on at once: the answer to the first part is interrupted before a word of
+    it was heard, and the two parts are one user turn, answered whole."""
+    before = metrics.CUT_OFFS_JOINED._value.get()
+    async with running_session(transcripts=list(PARTS)) as h:
+        await cut_off_then_go_on(h)
+    first, second = h.of_type("response.done")
+    assert first["status"] == "cancelled"
+    whole = " ".join(PARTS)
+    assert second["status"] == "completed" and second["text"] == whole
+    assert history(h) == [("user", whole), ("agent", whole)]
+    assert metrics.CUT_OFFS_JOINED._value.get() == before + 1
+
+
+@on_virtual_time
+async def test_what_was_heard_of_a_cut_off_answer_leaves_the_history() -> None:
+    async with running_session(GatewaySection(cut_off_join_ms=2500), transcripts=list(PARTS)) as h:
+        await cut_off_then_go_on(h, after_audio_ms=800)
+    first = h.of_type("response.done")[0]
+    assert first["status"] == "cancelled" and first["text"]  # some of it was heard
+    whole = " ".join(PARTS)
+    assert history(h) == [("user", whole), ("agent", whole)]
+
+
+@on_virtual_time
+async def test_speech_after_the_join_window_is_a_turn_of_its_own() -> None:
+    async with running_session(GatewaySection(cut_off_join_ms=0), transcripts=list(PARTS)) as h:
+        await cut_off_then_go_on(h, after_audio_ms=800)
+    heard = h.of_type("response.done")[0]["text"]
+    assert heard
+    assert history(h) == [
+        ("user", PARTS[0]),
+        ("agent", heard),
+        ("user", PARTS[1]),
+        ("agent", PARTS[1]),
+    ]
+
+
+@on_virtual_time
+async def test_a_first_chunk_cut_inside_a_sentence_is_sent_as_going_on() -> None:
+    """The reply's first chunk, cut before a phrase word, tells the TTS its sentence goes
+    on (a short pause after it, not a sentence's); the rest does not."""
+    words = "please call stella and ask her to bring these things with her"
+    async with running_session(transcripts=[words]) as h:
+        await h.say(silence(200), tone(700), silence(900))
+        await h.wait_for("response.done")
+    jobs = [job for _, job in h.bus.tts_jobs]
+    assert [(job.text, job.continues) for job in jobs] == [
+        ("please call stella and ask her", True),
+        ("to bring these things with her", False),
+    ]
+
+
 @on_virtual_time
 async def test_a_cough_does_not_interrupt() -> None:
     before = metrics.FALSE_INTERRUPTIONS._value.get()

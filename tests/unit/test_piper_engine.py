@@ -78,9 +78,11 @@ def test_pieces(text: str, expected: list[tuple[str, str]]) -> None:
 def test_a_text_that_stops_inside_a_sentence_keeps_a_short_pause(
     text: str, last: tuple[str, str]
 ) -> None:
-    """The gateway's first chunk may stop mid-sentence: its sentence goes on in the next
-    request, so its tail is not a sentence's pause."""
-    assert pieces(text, first_words=8, max_words=12)[-1] == last
+    """The gateway's first chunk may stop mid-sentence (`continues`): its sentence goes on
+    in the next request, so its tail is not a sentence's pause. Without the flag (REST,
+    a reply's last words) the text is all there is: a sentence's tail."""
+    assert pieces(text, first_words=8, max_words=12, continues=True)[-1] == last
+    assert pieces(text, first_words=8, max_words=12)[-1] == (text, "sentence")
 
 
 def test_pieces_keep_every_word() -> None:

@@ -86,6 +86,10 @@ class TtsJob(BusMessage):
     cfg_weight: float | None = None
     temperature: float | None = None
     enqueued_at: float = 0.0
+    continues: bool = False
+    """The text stops inside a sentence (a reply's first chunk, cut at a comma or before
+    "to", "with"...): the response's next job goes on with it, so it ends on a short pause,
+    not a sentence's."""
 
     def chunk(self, index: int) -> TtsChunk:
         """The meta of this job's `index`-th audio chunk."""

@@ -27,6 +27,9 @@ class SpeechRequest:
     exaggeration: float | None = None
     cfg_weight: float | None = None
     temperature: float | None = None
+    continues: bool = False
+    """The text stops inside a sentence that the next request goes on with: an engine that
+    can ends it on a short pause, not a sentence's."""
     should_stop: Callable[[], bool] | None = field(default=None, compare=False, repr=False)
 
 

@@ -10,9 +10,9 @@ Streaming: the text is cut into pieces (sentences; a sentence longer than the li
 its clause boundaries, with a lower limit for the first sentence so the first audio does
 not wait for a long one); each piece is one ONNX call and one chunk; the caller may stop
 between pieces. At a clause cut the voice's trailing silence (~200 ms) is shortened to
-`clause_pause_ms`, and at a phrase cut to `phrase_pause_ms`; so is the end of a text that
-stops inside a sentence (the gateway's first chunk: its sentence goes on in the next
-request). The espeak-ng phonemizer inside piper keeps global state, so it runs
+`clause_pause_ms`, and at a phrase cut to `phrase_pause_ms`; so is the end of a request
+that `continues` (the gateway's first chunk, stopped inside a sentence that its next
+request goes on with). The espeak-ng phonemizer inside piper keeps global state, so it runs
 under a lock; the ONNX calls run in parallel.
 """
 
@@ -61,8 +61,11 @@ _PHONEMIZER = threading.Lock()
 """piper's espeak-ng phonemizer is process-global and not thread-safe."""
 
 
-def pieces(text: str, first_words: int, max_words: int) -> list[tuple[str, Boundary]]:
-    """The text as (piece, the boundary it ends at) in order; see the module docstring."""
+def pieces(
+    text: str, first_words: int, max_words: int, continues: bool = False
+) -> list[tuple[str, Boundary]]:
+    """The text as (piece, the boundary it ends at) in order; see the module docstring.
+    `continues`: the text stops inside a sentence that the next request goes on with."""
     out: list[tuple[str, Boundary]] = []
     for sentence in filter(None, (s.strip() for s in _SENTENCE_END.split(text))):
         if not out and len(sentence.split()) > first_words:
@@ -75,9 +78,7 @@ def pieces(text: str, first_words: int, max_words: int) -> list[tuple[str, Bound
         clauses = _merged(filter(None, (c.strip() for c in _CLAUSE_END.split(sentence))))
         last = len(clauses) - 1
         out.extend((c, "sentence" if i == last else "clause") for i, c in enumerate(clauses))
-    if out and not ends_sentence(out[-1][0]):
-        # a text that stops inside a sentence (the gateway's first chunk, cut at a comma or
-        # before "to", "with"...): its sentence goes on in the next request
+    if continues and out and not ends_sentence(out[-1][0]):
         out[-1] = (out[-1][0], _inner(out[-1][0]))
     return out
 
@@ -199,7 +200,7 @@ class PiperEngine:
             "phrase": int(self.sample_rate * settings.phrase_pause_ms / 1000),
         }
         for text, boundary in pieces(
-            request.text, settings.first_piece_words, settings.max_piece_words
+            request.text, settings.first_piece_words, settings.max_piece_words, request.continues
         ):
             if request.should_stop is not None and request.should_stop():
                 return
