@@ -135,16 +135,9 @@ async def speak_turns(url: str, turns: list[tuple[str, str]]) -> list[dict[str, 
 
 def _created_after(turn: Received, end: float) -> Callable[[dict[str, Any]], bool]:
     """Whether a `response.done` is that of a response created after `end`."""
-
-    def check(event: dict[str, Any]) -> bool:
-        return any(
-            at >= end
-            and created.get("type") == "response.created"
-            and created.get("response_id") == event.get("response_id")
-            for at, created in turn.events
-        )
-
-    return check
+    return lambda event: any(
+        response_id == event.get("response_id") for _, response_id in turn.responses_created(end)
+    )
 
 
 def _turn_row(
@@ -155,11 +148,7 @@ def _turn_row(
     answer: str,
     audio_at: list[float],
 ) -> dict[str, Any]:
-    created_at = next(
-        at
-        for at, e in turn.events
-        if e.get("type") == "response.created" and e.get("response_id") == answer
-    )
+    created_at = next(at for at, rid in turn.responses_created(end) if rid == answer)
 
     def since(kind: str, after: float = end, response: str | None = None) -> float | None:
         at = next(
@@ -175,16 +164,13 @@ def _turn_row(
         return None if at is None else round((at - end) * 1000, 1)
 
     first_audio = next((t for t in audio_at if t >= created_at), None)
-    finals = [e for t, e in turn.events if t >= end and e.get("type") == "transcript.final"]
     return {
         "voice": voice,
         "sentence": sentence,
         "transcript": " / ".join(e.get("text", "") for e in turn.of_type("transcript.final")),
-        "answered_inside": sum(
-            1 for t, e in turn.events if t < end and e.get("type") == "response.created"
-        ),
+        "answered_inside": len(turn.of_type("response.created")) - len(turn.responses_created(end)),
         "decided": since("speech.stopped"),
-        "transcript_ms": since("transcript.final") if finals else None,
+        "transcript_ms": since("transcript.final"),
         "created": round((created_at - end) * 1000, 1),
         "first_text": since("response.text.delta", created_at, answer),
         "voice_to_voice": None if first_audio is None else round((first_audio - end) * 1000, 1),

@@ -411,8 +411,8 @@ async def hear(
             row = _row(utterance, turn, end, answer, audio_at)
             if metrics_url is not None:
                 after = await decisions()
-                row["decisions"] = {k: v - before.get(k, 0.0) for k, v in after.items()}
-                row["decisions"] = {k: v for k, v in row["decisions"].items() if v}
+                change = {k: v - before.get(k, 0.0) for k, v in after.items()}
+                row["decisions"] = {k: d for k, d in change.items() if d}
                 before = after
             rows.append(row)
     return rows
@@ -420,24 +420,32 @@ async def hear(
 
 def _turn_model_counts(metrics: str) -> dict[str, float]:
     """`va_gateway_turn_model_total` by decision, from a /metrics text."""
+    return _counters(metrics, {"va_gateway_turn_model": "turn_model"})["turn_model"]
+
+
+def _counters(metrics: str, names: dict[str, str]) -> dict[str, dict[str, float]]:
+    """The counters of `names` (metric family → key) in a /metrics text, by their
+    `outcome` or `decision` label ("" when they have neither)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    return {
-        sample.labels.get("decision", ""): sample.value
-        for family in text_string_to_metric_families(metrics)
-        if family.name == "va_gateway_turn_model"
-        for sample in family.samples
-        if sample.name.endswith("_total")
-    }
+    found: dict[str, dict[str, float]] = {key: {} for key in names.values()}
+    for family in text_string_to_metric_families(metrics):
+        key = names.get(family.name)
+        if key is None:
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                label = sample.labels.get("outcome") or sample.labels.get("decision", "")
+                found[key][label] = sample.value
+    return found
 
 
 def _answer(turn: Received, end: float, audio_at: list[float]) -> tuple[float, str] | None:
     """The response to the whole utterance (created after its last speech frame) once its
     first audio is here: (when it was created, its id)."""
-    for at, event in turn.events:
-        started = event.get("type") == "response.created" and at >= end
-        if started and any(t >= at for t in audio_at):
-            return at, str(event["response_id"])
+    for at, response_id in turn.responses_created(end):
+        if any(t >= at for t in audio_at):
+            return at, response_id
     return None
 
 
@@ -518,28 +526,13 @@ def smart_turn_scores(utterances: list[Utterance]) -> list[dict[str, Any]]:
 
 
 def gateway_counters(base_url: str) -> dict[str, Any]:
-    """The gateway's speculation and turn-model counters, from its /metrics."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = httpx.get(f"{base_url}/metrics", timeout=10).text
-    found: dict[str, dict[str, float]] = {
-        "speculative_asr": {},
-        "turn_model": {},
-        "cut_offs_joined": {},
-    }
+    """The gateway's speculation, turn-model and cut-off counters, from its /metrics."""
     names = {
         "va_gateway_speculative_asr": "speculative_asr",
         "va_gateway_turn_model": "turn_model",
         "va_gateway_cut_offs_joined": "cut_offs_joined",
     }
-    for family in text_string_to_metric_families(text):
-        key = names.get(family.name)
-        if key is None:
-            continue
-        for sample in family.samples:
-            if sample.name.endswith("_total"):
-                label = sample.labels.get("outcome") or sample.labels.get("decision", "")
-                found[key][label] = sample.value
+    found = _counters(httpx.get(f"{base_url}/metrics", timeout=10).text, names)
     speculations = sum(found["speculative_asr"].values())
     wasted = found["speculative_asr"].get("wasted", 0.0)
     return {

@@ -44,6 +44,15 @@ class Received:
     def time_of(self, kind: str) -> float | None:
         return next((t for t, event in self.events if event.get("type") == kind), None)
 
+    def responses_created(self, since: float) -> list[tuple[float, str]]:
+        """(arrival time, response id) of each `response.created` that came at or after
+        `since` (e.g. the end of the speech sent: the answers to it, not a cut-off's)."""
+        return [
+            (at, str(event["response_id"]))
+            for at, event in self.events
+            if at >= since and event.get("type") == "response.created"
+        ]
+
     def ms_after_speech(self, kind: str) -> float | None:
         """When the first `kind` event came, in ms after the end of the speech sent."""
         at = self.time_of(kind)

@@ -64,8 +64,6 @@ class Replies:
         self._went_on_from: Reply | None = None
         """The reply playing when the user spoke again within `cut_off_join_ms` of the end
         of the speech it answers."""
-        self._interrupted: Reply | None = None
-        """That reply, once it was cancelled before its end."""
 
     def speaking(self) -> bool:
         return self.current is not None and self.current.speaking
@@ -151,8 +149,6 @@ class Replies:
         """Stop the reply playing (the user keeps what they heard)."""
         reply, self.current = self.current, None
         if reply is not None:
-            if reply is self._went_on_from and not reply.done:
-                self._interrupted = reply
             await reply.cancel()
 
     def cut_off(self) -> bool:
@@ -161,8 +157,7 @@ class Replies:
         end (interrupted, or still playing and about to be replaced). Asked once per
         transcript."""
         reply, self._went_on_from = self._went_on_from, None
-        interrupted, self._interrupted = self._interrupted, None
-        return reply is not None and (reply is interrupted or reply is self.current)
+        return reply is not None and (reply.cancelled or reply is self.current)
 
     async def stop(self) -> None:
         """The session ends: every reply's work stops."""
@@ -192,7 +187,6 @@ class Replies:
             and self.context.clock() - reply.speech_end_at <= window
         )
         self._went_on_from = reply if soon else None
-        self._interrupted = None
 
     def continued(self) -> bool:
         """Forget the held turn; whether the user went on inside its hold (the next words

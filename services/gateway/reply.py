@@ -108,6 +108,8 @@ class Reply:
     id: str = field(default_factory=lambda: new_id("resp"))
     held: bool = False
     done: bool = False
+    cancelled: bool = False
+    """It ended before its end (barge-in, a client's cancel, a newer turn)."""
     agent_failed: bool = False
     audio: ResponseAudio = field(init=False)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -168,7 +170,7 @@ class Reply:
         if self.held:
             await self.discard()
             return
-        self.done = True
+        self.done = self.cancelled = True
         self._stop_tasks()
         await self.ctx.bus.cancel(self.id)
         heard = self.audio.heard_text(self._heard_bytes())

@@ -259,18 +259,16 @@ class Session:
     ) -> None:
         """A transcript ends the user's turn, unless the end-of-turn policy holds on (its
         word rules only for a language they know: turn_end.word_rules_apply)."""
-        if self.replies.continued() and self.history:
-            metrics.TURN_HOLDS.labels("continued").inc()
-            last = self.history[-1]
-            self.history[-1] = Turn("user", f"{last.text} {text}")  # one turn, two breaths
-            await self._save()
+        joined = False
+        if self.replies.continued():  # inside the hold: one turn, two breaths
+            if joined := self._join_user_turn(text):
+                metrics.TURN_HOLDS.labels("continued").inc()
         elif self.replies.cut_off():
             await self.replies.cancel()  # what was heard of the answer is in the history now
-            if self._join_cut_off(text):
+            if joined := self._join_user_turn(text):
                 metrics.CUT_OFFS_JOINED.inc()
-                await self._save()
-            else:
-                await self._user_turn(text)
+        if joined:
+            await self._save()
         else:
             await self._user_turn(text)
         policy = self.services.end_of_turn
@@ -284,10 +282,11 @@ class Session:
 
     # ------------------------------------------------------------------ history
 
-    def _join_cut_off(self, text: str) -> bool:
-        """The user was answered at a pause and went on: the answer's spoken turn (what
-        they heard of it, over their own words) leaves the history, and their two parts
-        are one turn. Not when the answer called tools: those turns stay, as they ran."""
+    def _join_user_turn(self, text: str) -> bool:
+        """`text` goes on from the last user turn: the agent's spoken turns after it (what
+        was heard of an answer given too soon, over the user's words) leave the history,
+        and the two parts are one turn. Not when an answer called tools: those turns stay,
+        as they ran."""
         last_user = next(
             (i for i in range(len(self.history) - 1, -1, -1) if self.history[i].role == "user"),
             None,
@@ -297,8 +296,7 @@ class Session:
         after = self.history[last_user + 1 :]
         if any(turn.role != "agent" or turn.tool_calls for turn in after):
             return False
-        joined = Turn("user", f"{self.history[last_user].text} {text}")
-        self.history[last_user:] = [joined]
+        self.history[last_user:] = [Turn("user", f"{self.history[last_user].text} {text}")]
         return True
 
     async def _user_turn(self, text: str) -> None:

@@ -246,9 +246,10 @@ async def test_what_was_heard_of_a_cut_off_answer_leaves_the_history() -> None:
     assert history(h) == [("user", whole), ("agent", whole)]
 
 
-@on_virtual_time
-async def test_speech_after_the_join_window_is_a_turn_of_its_own() -> None:
-    async with running_session(GatewaySection(cut_off_join_ms=0), transcripts=list(PARTS)) as h:
+async def went_on_late(settings: GatewaySection) -> None:
+    """They go on 1.4 s after the end of their speech (the answer's first audio came at
+    600 ms, then 800 ms of it): a barge-in, and a turn of its own."""
+    async with running_session(settings, transcripts=list(PARTS)) as h:
         await cut_off_then_go_on(h, after_audio_ms=800)
     heard = h.of_type("response.done")[0]["text"]
     assert heard
@@ -258,6 +259,16 @@ async def test_speech_after_the_join_window_is_a_turn_of_its_own() -> None:
         ("user", PARTS[1]),
         ("agent", PARTS[1]),
     ]
+
+
+@on_virtual_time
+async def test_speech_after_the_join_window_is_a_turn_of_its_own() -> None:
+    await went_on_late(GatewaySection())  # the default window: 1 s
+
+
+@on_virtual_time
+async def test_with_the_join_off_a_cut_off_is_a_turn_of_its_own() -> None:
+    await went_on_late(GatewaySection(cut_off_join_ms=0))
 
 
 @on_virtual_time

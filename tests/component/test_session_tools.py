@@ -8,6 +8,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 
+from services.gateway import metrics as gateway_metrics
 from services.gateway.agent import (
     AgentOutput,
     ClientTools,
@@ -118,3 +119,29 @@ async def test_barge_in_during_a_tool_call_cancels_the_reply_and_the_tool() -> N
     assert done["status"] == "cancelled"
     assert all(t.role != "tool" for t in history), history  # the tool never answered
     assert len(h.bus.tts_jobs) >= 1 and h.bus.tts_jobs[0][1].text == "Let me check the weather"
+
+
+class QuickToolAgent(ToolAgent):
+    tool_s = 0.1
+
+
+@on_virtual_time
+async def test_a_cut_off_answer_that_ran_a_tool_keeps_its_turns() -> None:
+    """The user goes on at once over an answer whose tool already ran: the call and its
+    result stay in the history, as they ran, and the new words are a turn of their own
+    (not joined to the first: the tool answered that)."""
+    ToolAgent.seen.clear()
+    before = gateway_metrics.CUT_OFFS_JOINED._value.get()
+    agents = {"echo": QuickToolAgent}
+    async with running_session(agents=agents, transcripts=["weather?", "in paris"]) as h:  # type: ignore[arg-type]
+        await h.say(silence(200), tone(600))
+        while not h.socket.audio:
+            await h.say(silence(20))
+        await h.say(tone(700), silence(900))
+        await h.wait_for("response.done", 2, timeout_s=30)
+        history = list(h.session.history)
+    assert h.of_type("response.done")[0]["status"] == "cancelled"
+    roles = [(turn.role, bool(turn.tool_calls)) for turn in history]
+    assert roles[:3] == [("user", False), ("agent", True), ("tool", False)]
+    assert [t.text for t in history if t.role == "user"] == ["weather?", "in paris"]
+    assert gateway_metrics.CUT_OFFS_JOINED._value.get() == before
