@@ -284,10 +284,12 @@ def test_chart_lite_deployments_run_under_podman_kube_play(
             ("secret", "create", f"{release}-redis", str(secret)),
             ("run", "-d", "--name", redis, "--network", network, "--network-alias", "redis",
              containers.REDIS, "redis-server", "--protected-mode", "no"),
-            ("kube", "play", "--network", network, str(manifest)),
+            ("kube", "play", "--start=false", "--network", network, str(manifest)),
         ):  # fmt: skip
             done = containers.podman(*args)
             assert done.returncode == 0, (args, done.stderr)
+        for doc in deployments:  # one pod at a time: see _start_pod
+            _start_pod(f"{doc['metadata']['name']}-pod-0")
         for doc in deployments:
             _wait_ready(doc, deadline=time.monotonic() + 240)
     finally:
@@ -295,6 +297,32 @@ def test_chart_lite_deployments_run_under_podman_kube_play(
         containers.podman("rm", "-f", "-t", "5", redis)
         containers.podman("secret", "rm", f"{release}-redis")
         containers.podman("network", "rm", "-f", network)
+
+
+def _start_pod(pod: str) -> None:
+    """Start one pod of `kube play --start=false` (its infra container first, then the
+    app's). `kube play` starts every pod's containers at once, and once in some twenty
+    fresh-clone runs on a busy 2-core machine podman 4.3 failed them all with "container
+    state improper" and nothing else to go on; started one pod at a time, and told what
+    podman saw when a start fails."""
+    done = containers.podman("pod", "start", pod, timeout=180)
+    assert done.returncode == 0, f"podman pod start {pod}: {done.stderr}\n{_podman_saw(pod)}"
+
+
+def _podman_saw(pod: str) -> str:
+    """The pod's containers as podman sees them: state, error, exit code and log tail."""
+    listed = containers.podman(
+        "ps", "-a", "--filter", f"pod={pod}", "--format", "{{.Names}}"
+    ).stdout.split()
+    lines = []
+    for name in listed:
+        state = containers.podman(
+            "inspect", "--format", "{{.State.Status}} exit={{.State.ExitCode}} "
+            "error={{.State.Error}}", name,
+        ).stdout.strip()  # fmt: skip
+        logs = containers.podman("logs", name)
+        lines.append(f"{name}: {state}\n{(logs.stdout + logs.stderr)[-1500:]}")
+    return "\n".join(lines) or f"no containers in pod {pod}"
 
 
 def _wait_ready(deployment: dict[str, Any], deadline: float) -> None:

@@ -3,7 +3,9 @@
 Twelve requests, each spoken by espeak-ng and by the Piper voice, go through `/v1/stream`
 of the lite stack (faster-whisper tiny.en + Piper, the weights of `make run`). The
 transcripts' word error rate over the set must stay at or below 0.15; the echo agent's
-spoken replies, transcribed again, must give back at least 0.85 of their words.
+spoken replies, transcribed again, must give back at least 0.85 of their words. And no
+session's transcript holds words that only another session said (sessions run six at a
+time, through one batched VAD and one batched Whisper).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ MAX_WER = 0.15
 MIN_REPLY_RECALL = 0.85
 AT_ONCE = 6
 """Sessions talking at the same time (the stack shares this machine's two cores)."""
+COMMON = frozenset({"a", "the", "to", "me", "is", "it", "you", "for", "and", "i", "in", "do"})
+"""Words too common to say which sentence a transcript's word came from."""
 
 
 def spoken(text: str, voice: str) -> npt.NDArray[np.float32]:
@@ -71,6 +75,34 @@ def test_transcripts_word_error_rate(
     error_rate = float(jiwer.wer(references, hypotheses))
     wrong = [(r, h) for r, h in zip(references, hypotheses, strict=True) if r != h]
     assert error_rate <= MAX_WER, (error_rate, wrong)
+
+
+def others_heard(transcript: str, own: str, others: list[str]) -> list[str]:
+    """The other sentences of which the transcript holds two or more words (not common
+    ones) that its own sentence does not have: words only another session said."""
+    foreign = set(words(transcript).split()) - set(words(own).split()) - COMMON
+    return [other for other in others if len(foreign & set(words(other).split())) >= 2]
+
+
+def test_others_heard_names_the_sentence_a_transcript_borrowed_from() -> None:
+    own, other = "set a timer for ten minutes", "read me the news headlines"
+    leaked = "Set a timer for ten minutes, read me the new headlines."
+    assert others_heard(leaked, own, [other, "is it going to rain today"]) == [other]
+    misheard = "Set the timer for two minutes."
+    assert others_heard(misheard, own, [other, "is it going to rain today"]) == []
+
+
+def test_no_session_hears_another(heard: dict[tuple[str, str], tuple[str, bytes]]) -> None:
+    """The set was once seen failing its word error rate with "read me the new headlines"
+    four times over in the transcript of "set a timer for ten minutes", spoken at the same
+    time by another session (undiagnosed; not seen again in 768 sessions). This names
+    such a transcript, and the sentence it borrowed from, whenever it happens."""
+    borrowed = {
+        (voice, sentence): (text, others)
+        for (voice, sentence), (text, _) in heard.items()
+        if (others := others_heard(text, sentence, [s for s in SENTENCES if s != sentence]))
+    }
+    assert not borrowed, borrowed
 
 
 def test_the_spoken_replies_are_intelligible(
