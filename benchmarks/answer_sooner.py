@@ -73,6 +73,7 @@ def configurations() -> dict[str, tuple[dict[str, str], float | None]]:
         configs[f"smart-turn, openai TTFT {ttft} ms, prepared"] = ({}, float(ttft))
     configs["smart-turn, openai TTFT 300 ms, prepared, speculation at 64 ms"] = (EARLY, 300.0)
     # before the first chunk could be cut before a phrase: at a clause or sentence end only
+    configs["smart-turn, echo, prepared, first chunk at clauses only"] = (CLAUSES_ONLY, None)
     configs["smart-turn, openai TTFT 300 ms, prepared, first chunk at clauses only"] = (
         CLAUSES_ONLY,
         300.0,
