@@ -12,7 +12,7 @@ import re
 
 import sentencex
 
-from services.common.text import starts_phrase
+from services.common.text import ends_sentence, starts_phrase
 
 _CLAUSE_END = re.compile(r"[,;:—]\s+")
 _WORD_THEN_SPACE = re.compile(r"(\S+)\s")
@@ -96,7 +96,9 @@ class Chunker:
         sentence = sentence_end(self._buffer, self.language)
         if sentence is not None:
             return sentence
-        if self.emitted == 0:
+        # A whole sentence already here (an echo, a fast agent) goes as one TTS job: cutting
+        # it would only add a second job's start to the audio.
+        if self.emitted == 0 and not ends_sentence(self._buffer):
             for clause in _CLAUSE_END.finditer(self._buffer):
                 if len(self._buffer[: clause.start()].split()) >= self.first_chunk_words:
                     return clause.end()

@@ -24,7 +24,7 @@ def test_no_split_inside_numbers_or_without_space() -> None:
 
 def test_first_chunk_cut_at_clause_once_long_enough() -> None:
     text = "Well, as I was saying to my friend yesterday, the weather was lovely, truly lovely."
-    chunks = run([text], first_words=6)
+    chunks = run([word + " " for word in text.split()], first_words=6)
     assert chunks[0] == "Well, as I was saying to my friend yesterday,"
     # later chunks are cut at sentences only
     assert chunks[1:] == ["the weather was lovely, truly lovely."]
@@ -60,6 +60,22 @@ def test_the_phrase_cut_can_be_turned_off_and_is_english_only() -> None:
     text = "Please call Stella and ask her to bring these things with her"
     assert Chunker(6, first_chunk_phrase=False).feed(text + " ") == []
     assert Chunker(6, language="de").feed("Bitte ruf Stella an und sag ihr to das ") == []
+
+
+def test_a_whole_sentence_in_one_delta_is_not_cut() -> None:
+    # an echo or a fast agent hands over the whole sentence: one TTS job, not two
+    for text in (
+        "Please call Stella and ask her to bring these things with her.",
+        "Well, as I was saying to my friend yesterday, the weather was lovely.",
+    ):
+        chunker = Chunker(first_chunk_words=6)
+        assert chunker.feed(text) == []
+        assert chunker.flush() == [text]
+    # the same words still streaming are cut as before
+    streamed = Chunker(first_chunk_words=6)
+    assert streamed.feed("Please call Stella and ask her to bring ") == [
+        "Please call Stella and ask her"
+    ]
 
 
 def test_short_clause_is_not_cut() -> None:
