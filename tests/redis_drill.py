@@ -254,6 +254,14 @@ async def _replicating(timeout_s: float) -> None:
         await asyncio.sleep(0.1)
 
 
+def _unreplicated(killed: float) -> bool:
+    """Whether a WAIT timed out in the SHORT_RETRY_S before the kill (between `_replicating`
+    and the kill, the machine being busy): the master then died holding acknowledged writes
+    no replica had, the documented trade of a deployment loaded past its sizing, and not
+    what the drill tests."""
+    return any(until > killed for until in durable.short_until.values())
+
+
 async def _recovered(load: Load, promoted: float, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -286,6 +294,7 @@ async def failover_drill(
                 await _replicating(60)
                 if isinstance(ha, SentinelSet):
                     old, killed = ha.kill_master()
+                    unreplicated = _unreplicated(killed)
                     promoted = await asyncio.to_thread(ha.wait_promotion, old)
                 else:
                     # the master of the first gateway's result stream: every turn of its
@@ -294,6 +303,7 @@ async def failover_drill(
                     stream = Keys(redis.prefix, shards).results(health.json()["gateway_id"])
                     slot = key_slot(stream.encode())
                     old, killed = ha.kill_master_of(slot)
+                    unreplicated = _unreplicated(killed)
                     promoted = await asyncio.to_thread(ha.wait_promotion, old, slot)
                 await _recovered(load, promoted, 45)
                 await asyncio.sleep(2.0)
@@ -302,6 +312,7 @@ async def failover_drill(
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(runner, TURN_TIMEOUT_S + 10)
             result = score(load, killed, promoted)
+            result["killed_while_unreplicated"] = unreplicated
             result["spoken_sessions"] = spoken
             result["spoken_turns_completed"] = sum(
                 1 for t in load.turns if t.session < spoken and t.status == "completed"

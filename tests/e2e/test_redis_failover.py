@@ -19,7 +19,7 @@ from redis.crc import key_slot
 from services.client.stream import StreamClient
 from services.common.bus.keys import Keys
 from services.ops.doctor_checks import check_redis
-from tests.redis_drill import drill_settings, failover_drill, fake_stack
+from tests.redis_drill import Kind, drill_settings, failover_drill, fake_stack
 from tests.redis_ha import ClusterSet
 from tests.speech import speak
 
@@ -48,16 +48,27 @@ def check(result: dict[str, object]) -> None:
     assert isinstance(spoken, int) and spoken >= 8, result
 
 
-@pytest.mark.timeout(150)
+async def drilled(kind: Kind, tmp_path: Path) -> dict[str, object]:
+    """The drill's result; run once more if its kill fell where a timed-out WAIT had let
+    writes go unreplicated (`killed_while_unreplicated`: a busy machine, between the
+    drill's check that every master replicates and the kill). Losing those writes is the
+    documented trade (docs/redis-ha.md); no turn may be lost when the kill finds every
+    acknowledged write on a replica, which is what the second run asks again."""
+    result = await failover_drill(kind, tmp_path / "first", sessions=20)
+    if result["killed_while_unreplicated"]:
+        result = await failover_drill(kind, tmp_path / "again", sessions=20)
+        assert not result["killed_while_unreplicated"], result
+    return result
+
+
+@pytest.mark.timeout(240)
 async def test_sentinel_failover_loses_and_repeats_no_turn(tmp_path: Path) -> None:
-    result = await failover_drill("sentinel", tmp_path, sessions=20)
-    check(result)
+    check(await drilled("sentinel", tmp_path))
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(240)
 async def test_cluster_failover_loses_and_repeats_no_turn(tmp_path: Path) -> None:
-    result = await failover_drill("cluster", tmp_path, sessions=20)
-    check(result)
+    check(await drilled("cluster", tmp_path))
 
 
 @pytest.mark.timeout(150)
