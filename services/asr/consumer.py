@@ -33,7 +33,8 @@ class AsrJobHandler:
             rate = self.batcher.engine.sample_rate
             if job.sample_rate != rate:
                 audio = await asyncio.to_thread(resample, audio, job.sample_rate, rate)
-            transcript = await self.batcher.transcribe(AsrInput(audio, job.language), job.mode)
+            item = AsrInput(audio, job.language, job.source_rate)
+            transcript = await self.batcher.transcribe(item, job.mode)
         except VoiceAgentError as exc:
             metrics.REQUESTS.labels("asr", "job", "error").inc()
             metrics.ERRORS.labels("asr", exc.code).inc()

@@ -25,7 +25,7 @@ from services.asr.engines.base import AsrInput, AudioF32, FileEngine, FileReques
 from services.asr.models import AsrModels
 from services.asr.render import FORMATS, TIMED, from_utterance, render
 from services.common import metrics
-from services.common.audio.pcm import decode_file
+from services.common.audio.pcm import decode_file_rate
 from services.common.auth.guard import meter_of
 from services.common.errors import InvalidAudio, InvalidMessage, UnknownModel
 
@@ -79,11 +79,11 @@ def router(models: AsrModels, max_upload_bytes: int) -> APIRouter:
         if len(data) > max_upload_bytes:
             raise UploadTooLarge(f"the upload exceeds the limit of {max_upload_bytes} bytes")
         rate = models.default_batcher.engine.sample_rate
-        audio = await asyncio.to_thread(decode_file, data, rate)
+        audio, source_rate = await asyncio.to_thread(decode_file_rate, data, rate)
         meter = meter_of(request)  # the whole file counts before it is transcribed
         await meter.add_ms(1000 * audio.size / rate)
         await meter.flush()
-        whole = dataclasses.replace(asked, audio=audio)
+        whole = dataclasses.replace(asked, audio=audio, source_rate=source_rate)
         async with models.use(name) as batcher:
             result = await _run(batcher, whole, fmt, audio.size / rate)
         door = "translations" if asked.task == "translate" else "transcriptions"
@@ -155,7 +155,8 @@ async def _run(
         and duration_s <= BATCHED_MAX_S
     )
     if plain:
-        transcript = await batcher.transcribe(AsrInput(request.audio, request.language))
+        item = AsrInput(request.audio, request.language, request.source_rate)
+        transcript = await batcher.transcribe(item)
         return from_utterance(transcript)
     engine = batcher.engine
     if not isinstance(engine, FileEngine):

@@ -129,7 +129,8 @@ class AsrStream:
 
     async def _transcribe(self, audio: AudioF32) -> Transcript | VoiceAgentError:
         try:
-            return await self.batcher.transcribe(AsrInput(audio, self.language))
+            item = AsrInput(audio, self.language, self.listener.input_rate)
+            return await self.batcher.transcribe(item)
         except VoiceAgentError as exc:
             return exc
 
@@ -183,7 +184,7 @@ class AsrStream:
             return
         segmenter = self.listener.segmenter
         self._last_partial_ms = segmenter.position_ms
-        audio = AsrInput(segmenter.current_audio(), self.language)
+        audio = AsrInput(segmenter.current_audio(), self.language, self.listener.input_rate)
         self._partial_task = tasks.create_task(self._partial(self.segment_id, audio))
 
     async def _partial(self, segment_id: str, audio: AsrInput) -> None:

@@ -269,6 +269,7 @@ class Hearing:
             utterance_id=utterance_id,
             reply_to=self.bus.reply_to,
             mode="partial" if mode == "partial" else "final",
+            source_rate=self.listener.input_rate,
             language=self.config.language,
             enqueued_at=time.time(),
         )

@@ -203,10 +203,11 @@ class Harness:
         self.bus = bus
         self.loop = bus.loop
 
-    async def say(self, *parts: bytes, frame_ms: int = 20) -> float:
-        """Stream audio at real-time pace; returns the time its last frame went out."""
+    async def say(self, *parts: bytes, frame_ms: int = 20, rate: int = RATE) -> float:
+        """Stream audio (PCM16 at `rate`) at real-time pace; returns the time its last
+        frame went out."""
         pcm = b"".join(parts)
-        step = 2 * RATE * frame_ms // 1000
+        step = 2 * rate * frame_ms // 1000
         for start in range(0, len(pcm), step):
             await self.socket.incoming.put(
                 {"type": "websocket.receive", "bytes": pcm[start : start + step]}

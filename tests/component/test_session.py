@@ -63,6 +63,7 @@ async def test_one_turn_end_to_end() -> None:
     finals = [(t, job, pcm) for t, job, pcm in h.bus.asr_jobs if job.mode == "final"]
     assert len(finals) == 1 and finals[0][0] == pytest.approx(speech_end + PAUSE_S, abs=0.04)
     assert 1000 <= pcm_ms(finals[0][2]) <= 1450
+    assert finals[0][1].sample_rate == finals[0][1].source_rate == 16000
     assert h.time_of("transcript.final") == pytest.approx(stopped)
     # 2 words x 400 ms of audio, all of it, paced at real time minus the 200 ms lead; the
     # reply was prepared during the pause (tests/component/test_prepared_reply.py), so its
@@ -72,6 +73,19 @@ async def test_one_turn_end_to_end() -> None:
     assert h.audio_bytes() == 2 * 16000 * 800 // 1000
     assert last - first == pytest.approx(0.8 - 0.2 - 0.04, abs=0.03)
     assert history(h) == [("user", "hello there"), ("agent", "hello there")]
+
+
+@on_virtual_time
+async def test_a_phone_line_s_jobs_say_the_speech_was_captured_at_8k() -> None:
+    """The ASR hears 16 kHz audio either way; `source_rate` tells it the speech is
+    telephone-band (services/common/audio/bandwidth.py)."""
+    async with running_session(transcripts=["hello there"]) as h:
+        await h.send({"type": "session.update", "session": {"input_sample_rate": 8000}})
+        await h.wait_for("session.updated")
+        await h.say(silence(300, 8000), tone(1000, 8000), silence(1000, 8000), rate=8000)
+        await h.wait_for("response.done")
+    jobs = [job for _, job, _ in h.bus.asr_jobs]
+    assert jobs and {(job.sample_rate, job.source_rate) for job in jobs} == {(16000, 8000)}
 
 
 @on_virtual_time

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from services.asr.engines.base import AsrInput, Transcript
+from services.asr.engines.base import AsrInput, FileRequest, Transcript
 from services.asr.engines.whisper import FasterWhisperEngine, max_new_tokens
 from services.asr.engines.whisper_files import resolve_model_dir
 from services.asr.engines.whisper_scores import last_word, token_logprob
@@ -122,6 +122,29 @@ def test_empty_audio_gives_empty_text(engine: FasterWhisperEngine) -> None:
     assert results[0].text == "" and results[2].text == ""
     assert results[0].duration_s == 0.0
     assert engine.transcribe_batch([]) == []
+
+
+def test_telephone_band_speech_alone_is_folded(
+    engine: FasterWhisperEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only speech captured at 8 kHz (a phone line, an 8 kHz upload) is widened, by
+    both doors, with the configured gain."""
+    from services.asr.engines import whisper
+
+    folded: list[tuple[int, int, float]] = []
+
+    def fold(audio: np.ndarray[Any, Any], rate: int, gain: float) -> np.ndarray[Any, Any]:
+        folded.append((audio.size, rate, gain))
+        return audio
+
+    monkeypatch.setattr(whisper, "fold_phone_band", fold)
+    phone = _tone(3000, 0.5)
+    items = [AsrInput(phone, "en", 8000), AsrInput(phone, "en"), AsrInput(phone, "en", 16000)]
+    engine.transcribe_batch(items)
+    assert folded == [(phone.size, RATE, 0.5)]
+    engine.transcribe_file(FileRequest(audio=phone, language="en", source_rate=8000))
+    engine.transcribe_file(FileRequest(audio=phone, language="en", source_rate=44100))
+    assert folded == [(phone.size, RATE, 0.5)] * 2
 
 
 SCORE_TOLERANCE = 0.01

@@ -19,6 +19,9 @@ class AsrInput:
 
     audio: AudioF32
     language: str | None = None
+    source_rate: int | None = None
+    """The rate the speech was captured at, when it is known and below the engine's (a
+    phone's 8 kHz): a telephone-band utterance (services/common/audio/bandwidth.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +86,8 @@ class FileRequest:
     """Words likely to be spoken (faster-whisper's `hotwords`: a prefix prompt)."""
     word_timestamps: bool = False
     temperature: float = 0.0
+    source_rate: int | None = None
+    """The file's own sample rate (8 kHz: a phone recording)."""
 
 
 @dataclass(frozen=True, slots=True)

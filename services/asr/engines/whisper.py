@@ -35,6 +35,7 @@ initialization.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -58,6 +59,7 @@ from services.asr.engines.file import transcribe_file
 from services.asr.engines.whisper_files import check_cuda, model_folder
 from services.asr.engines.whisper_scores import Decoded, decoded
 from services.asr.settings import WhisperSettings
+from services.common.audio.bandwidth import fold_phone_band, needs_fold
 from services.common.errors import EngineUnavailable, InvalidAudio
 from services.common.platform.devices import pin_gpu
 
@@ -191,6 +193,9 @@ class FasterWhisperEngine:
             raise EngineUnavailable("the faster-whisper model is not loaded")
         hint = request.language or self.settings.language
         language = None if hint is None or hint.lower() in DETECT else hint.lower()
+        request = dataclasses.replace(
+            request, audio=self._widened(_mono(request.audio), request.source_rate)
+        )
         with self._lock:
             return transcribe_file(
                 self._whisper, request, language, self.model, self.settings.beam_size
@@ -218,7 +223,7 @@ class FasterWhisperEngine:
         results: list[Transcript] = []
         batch: list[_Utterance] = []
         for index, item in enumerate(items):
-            audio = _mono(item.audio)
+            audio = self._widened(_mono(item.audio), item.source_rate)
             duration = audio.size / self.sample_rate
             language = _hint(item.language or self.settings.language)
             results.append(Transcript(text="", language=language, duration_s=duration))
@@ -313,6 +318,12 @@ class FasterWhisperEngine:
 
         multilingual = bool(whisper.model.is_multilingual)
         return Tokenizer(whisper.hf_tokenizer, multilingual, task="transcribe", language=language)
+
+    def _widened(self, audio: AudioF32, source_rate: int | None) -> AudioF32:
+        """Telephone-band speech with its top octave folded above 4 kHz (`phone_band_fold`)."""
+        if not needs_fold(source_rate):
+            return audio
+        return fold_phone_band(audio, self.sample_rate, self.settings.phone_band_fold)
 
     def _features(self, audio: AudioF32) -> AudioF32:
         """The utterance's log-Mel frames (at most Whisper's 30 s), not yet padded."""

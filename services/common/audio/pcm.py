@@ -104,6 +104,11 @@ def decode_file(data: bytes, target_rate: int) -> AudioF32:
 
     Raises InvalidAudio for empty or undecodable input.
     """
+    return decode_file_rate(data, target_rate)[0]
+
+
+def decode_file_rate(data: bytes, target_rate: int) -> tuple[AudioF32, int]:
+    """`decode_file`, and the file's own sample rate (8000: a phone recording)."""
     if not data:
         raise InvalidAudio("the uploaded file is empty")
     try:
@@ -111,6 +116,7 @@ def decode_file(data: bytes, target_rate: int) -> AudioF32:
             if not container.streams.audio:
                 raise InvalidAudio("the uploaded file has no audio stream")
             stream = container.streams.audio[0]
+            source_rate = int(stream.rate or target_rate)
             resampler = av.AudioResampler(format="flt", layout="mono", rate=target_rate)
             parts = [
                 out.to_ndarray().reshape(-1)
@@ -124,7 +130,7 @@ def decode_file(data: bytes, target_rate: int) -> AudioF32:
         raise InvalidAudio(f"the uploaded file is not audio that can be decoded: {exc}") from exc
     if not parts:
         raise InvalidAudio("the uploaded file holds no audio samples")
-    return np.concatenate(parts).astype(np.float32, copy=False)
+    return np.concatenate(parts).astype(np.float32, copy=False), source_rate
 
 
 ENCODINGS: Final[dict[str, tuple[str, str, str]]] = {

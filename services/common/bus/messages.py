@@ -35,6 +35,9 @@ class AsrJob(BusMessage):
     reply_to: str
     mode: Literal["final", "partial"] = "final"
     sample_rate: int = 16000
+    source_rate: int | None = None
+    """The rate the speech was captured at (the session's input rate: a phone's 8 kHz);
+    `sample_rate` is the rate of the audio the job carries."""
     language: str | None = None
     enqueued_at: float = 0.0
 

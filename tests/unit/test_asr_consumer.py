@@ -1,0 +1,66 @@
+"""The ASR service's Redis door: a job's audio reaches the engine with what it says of it."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, cast
+
+import numpy as np
+import pytest
+from redis.asyncio import Redis
+
+from services.asr import consumer
+from services.asr.batcher import Batcher
+from services.asr.consumer import AsrJobHandler
+from services.asr.engines.base import AsrInput, Transcript
+from services.common.audio.pcm import float_to_pcm16
+from services.common.bus.messages import AsrJob, AsrResult
+from services.common.bus.settings import RedisSettings
+from services.common.bus.streams import Delivery
+
+
+class _Engine:
+    sample_rate = 16000
+
+
+class _Batcher:
+    engine = _Engine()
+
+    def __init__(self) -> None:
+        self.heard: list[AsrInput] = []
+
+    async def transcribe(self, item: AsrInput, mode: str = "final") -> Transcript:
+        self.heard.append(item)
+        return Transcript(text="hello", language="en")
+
+
+@pytest.mark.parametrize(
+    ("sample_rate", "source_rate"), [(16000, 8000), (16000, None), (8000, 8000)]
+)
+def test_a_job_s_audio_reaches_the_engine_at_its_rate_with_its_source_rate(
+    monkeypatch: pytest.MonkeyPatch, sample_rate: int, source_rate: int | None
+) -> None:
+    published: list[dict[bytes, bytes]] = []
+
+    async def publish(
+        _redis: Any, _settings: Any, _stream: str, fields: Any, durable: bool
+    ) -> None:
+        published.append(fields)
+
+    monkeypatch.setattr(consumer, "publish", publish)
+    batcher = _Batcher()
+    handler = AsrJobHandler(cast(Batcher, batcher), cast(Redis, None), RedisSettings())
+    job = AsrJob(
+        job_id="asr_1",
+        session_id="sess_1",
+        utterance_id="utt_1",
+        reply_to="replies",
+        sample_rate=sample_rate,
+        source_rate=source_rate,
+    )
+    audio = float_to_pcm16(np.zeros(sample_rate // 2, np.float32))
+    asyncio.run(handler(Delivery(b"1-0", {b"meta": job.dump(), b"audio": audio})))
+    [item] = batcher.heard
+    assert item.source_rate == source_rate
+    assert item.audio.size == 8000  # half a second at the engine's 16 kHz
+    assert AsrResult.model_validate_json(published[0][b"meta"]).text == "hello"
