@@ -59,6 +59,26 @@ def test_off_empty_or_another_rate_is_left_as_it_is() -> None:
     assert fold_phone_band(empty, RATE).size == 0
 
 
+def test_any_length_keeps_its_length_even_shorter_than_the_filter() -> None:
+    """A 30-sample 8 kHz upload decodes to ~60 samples at 16 kHz: shorter than the
+    101-tap filter, it must not fail (nor fail the batch it is in)."""
+    rng = np.random.default_rng(5)
+    for size in (1, 2, 50, 100, 101, 102, 200, 1601):
+        audio = (rng.standard_normal(size) * 0.1).astype(np.float32)
+        folded = fold_phone_band(audio, RATE)
+        assert folded.shape == audio.shape and folded.dtype == np.float32
+
+
+def test_the_filter_is_centred_the_fold_adds_no_delay() -> None:
+    """A click stays where it was; its folded part is centred on it."""
+    click = np.zeros(1001, np.float32)
+    click[500] = 1.0
+    folded = fold_phone_band(click, RATE)
+    assert int(np.argmax(np.abs(folded))) == 500
+    added = np.abs(folded - click)
+    assert added[:450].max() < 1e-6 and added[551:].max() < 1e-6
+
+
 @pytest.mark.parametrize(
     ("source_rate", "folded"),
     [(8000, True), (6000, True), (None, False), (0, False), (11025, False), (16000, False)],
