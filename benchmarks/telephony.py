@@ -396,6 +396,15 @@ def offline(
     }
 
 
+def _gaps(heard: dict[str, Any]) -> dict[str, float]:
+    """Each mu-law way's WER minus the wideband one."""
+    wide = heard["pcm16k"]["wer"]
+    return {
+        f"{way}_minus_pcm16k": round(heard[way]["wer"] - wide, 4)
+        for way in ("mulaw8k_polyphase", "mulaw8k_folded")
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sentences", type=int, default=len(SENTENCES))
@@ -428,30 +437,19 @@ def main() -> None:
         body = {"benchmark": "telephony_band_fold", "model": args.model, "fold": args.fold}
         for name, (said, voices) in _sets().items():
             heard = offline(said, args.model, args.beam, voices, args.fold)
-            wide = heard["pcm16k"]["wer"]
-            body[name] = {
-                "sentences": len(said),
-                "voices": list(voices),
-                **heard,
-                "gap_mulaw8k": round(heard["mulaw8k_polyphase"]["wer"] - wide, 4),
-                "gap_mulaw8k_folded": round(heard["mulaw8k_folded"]["wer"] - wide, 4),
-            }
+            body[name] = {"sentences": len(said), "voices": list(voices), **heard, **_gaps(heard)}
         print(json.dumps(body, indent=2))
         if args.out:
             write(args.out, body)
         return
     if args.offline:
         heard = offline(sentences, args.model, args.beam, fold=args.fold)
-        gap = heard["mulaw8k_polyphase"]["wer"] - heard["pcm16k"]["wer"]
         body = {
             "benchmark": "telephony_asr_offline",
             "model": args.model,
             "beam_size": args.beam,
             **heard,
-            "mulaw8k_polyphase_minus_pcm16k": round(gap, 4),
-            "mulaw8k_folded_minus_pcm16k": round(
-                heard["mulaw8k_folded"]["wer"] - heard["pcm16k"]["wer"], 4
-            ),
+            **_gaps(heard),
         }
         print(json.dumps(body, indent=2))
         if args.out:

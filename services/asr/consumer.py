@@ -33,8 +33,7 @@ class AsrJobHandler:
             rate = self.batcher.engine.sample_rate
             if job.sample_rate != rate:
                 audio = await asyncio.to_thread(resample, audio, job.sample_rate, rate)
-            # audio sent at 8 kHz is telephone-band whatever the producer says of its source
-            item = AsrInput(audio, job.language, job.source_rate or job.sample_rate)
+            item = AsrInput(audio, job.language, job.captured_rate)
             transcript = await self.batcher.transcribe(item, job.mode)
         except VoiceAgentError as exc:
             metrics.REQUESTS.labels("asr", "job", "error").inc()

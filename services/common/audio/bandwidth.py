@@ -23,6 +23,8 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
+from services.common.audio.polyphase import windowed_sinc
+
 PHONE_RATE: Final = 8000
 """Speech captured at this rate or below gets the fold (G.711's rate)."""
 _TAPS: Final = 101
@@ -33,9 +35,7 @@ _LOW_EDGE_HZ: Final = 2000.0
 @cache
 def _highpass(rate: int) -> npt.NDArray[np.float32]:
     """A linear-phase high-pass at 2 kHz (Hamming-windowed sinc) for audio at `rate`."""
-    centre = np.arange(_TAPS) - (_TAPS - 1) / 2
-    cutoff = _LOW_EDGE_HZ / rate
-    lowpass = 2 * cutoff * np.sinc(2 * cutoff * centre) * np.hamming(_TAPS)
+    lowpass = windowed_sinc(_LOW_EDGE_HZ / rate, np.hamming(_TAPS))
     lowpass /= lowpass.sum()
     highpass = -lowpass
     highpass[(_TAPS - 1) // 2] += 1.0

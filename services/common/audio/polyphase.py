@@ -27,6 +27,14 @@ ATTENUATION_DB = 70.0
 """Stopband attenuation: aliases of the user's voice stay 70 dB down."""
 
 
+def windowed_sinc(cutoff: float, window: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """A linear-phase low-pass FIR: the ideal filter at `cutoff` (a fraction of the sample
+    rate) shaped by `window`, centred; as long as the window."""
+    n = np.arange(window.size) - (window.size - 1) / 2
+    taps: npt.NDArray[np.float64] = 2 * cutoff * np.sinc(2 * cutoff * n) * window
+    return taps
+
+
 def _phases(up: int, down: int) -> npt.NDArray[np.float32]:
     """The filter split into its `up` phases, each ordered for a window of input samples
     (oldest first): row p holds the taps applied to output samples of phase p."""
@@ -35,8 +43,7 @@ def _phases(up: int, down: int) -> npt.NDArray[np.float32]:
     beta = 0.1102 * (ATTENUATION_DB - 8.7)  # Kaiser's formulas for a windowed sinc
     transition = (ATTENUATION_DB - 7.95) / (14.36 * (length - 1))  # of the common rate
     cutoff = 0.5 / max(up, down) - transition / 2  # stopband from the lower Nyquist
-    n = np.arange(length) - (length - 1) / 2
-    taps = 2 * cutoff * np.sinc(2 * cutoff * n) * np.kaiser(length, beta) * up
+    taps = windowed_sinc(cutoff, np.kaiser(length, beta)) * up
     per_phase = length // up
     # output phase p weighs x[i - k] by taps[p + k * up]; a window x[i-K+1 .. i] is oldest first
     index = np.arange(up)[:, None] + (per_phase - 1 - np.arange(per_phase))[None, :] * up

@@ -41,6 +41,12 @@ class AsrJob(BusMessage):
     language: str | None = None
     enqueued_at: float = 0.0
 
+    @property
+    def captured_rate(self) -> int:
+        """The rate the speech was captured at: `source_rate`, else the audio's own (audio
+        sent at 8 kHz is telephone-band, whoever sent it)."""
+        return self.source_rate or self.sample_rate
+
     def result(
         self,
         text: str,
