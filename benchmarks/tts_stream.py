@@ -121,6 +121,9 @@ def chatterbox_engine(
         "compile_mode": args.compile_mode,
         "max_new_tokens": args.tokens,
     }
+    for name in ("first_chunk_tokens", "chunk_tokens"):
+        if getattr(args, name):
+            overrides[name] = getattr(args, name)
     if args.random_weights:
         settings = ChatterboxSettings(models_dir=workdir / "none", allow_download=True, **overrides)
 
@@ -215,6 +218,10 @@ def main() -> None:
         default="off",
     )
     parser.add_argument("--tokens", type=int, default=1000, help="chatterbox: max speech tokens")
+    parser.add_argument(
+        "--first-chunk-tokens", type=int, help="chatterbox: tokens in the first piece"
+    )
+    parser.add_argument("--chunk-tokens", type=int, help="chatterbox: tokens per later piece")
     parser.add_argument("--out", type=Path, help="where to write the JSON results")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tts-bench-") as workdir:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import io
 from typing import Any, Final, Literal, get_args
 
-import av
 import numpy as np
 import numpy.typing as npt
 import soxr
@@ -99,6 +98,14 @@ def samples_to_ms(samples: int, rate: int) -> int:
     return round(samples * 1000 / rate)
 
 
+def _pyav() -> Any:
+    """PyAV, imported where a file is decoded or encoded: its FFmpeg libraries load there,
+    not in everything that only handles PCM frames (an engine benchmark, say)."""
+    import av
+
+    return av
+
+
 def decode_file(data: bytes, target_rate: int) -> AudioF32:
     """Decode any container/codec PyAV knows (wav, mp3, flac, ogg, webm, ...) to mono float.
 
@@ -111,6 +118,7 @@ def decode_file_rate(data: bytes, target_rate: int) -> tuple[AudioF32, int]:
     """`decode_file`, and the file's own sample rate (8000: a phone recording)."""
     if not data:
         raise InvalidAudio("the uploaded file is empty")
+    av = _pyav()
     try:
         with av.open(io.BytesIO(data), mode="r") as container:
             if not container.streams.audio:
@@ -158,6 +166,7 @@ def encode_audio(audio: AudioF32, rate: int, response_format: str) -> bytes:
         audio = resample(audio, rate, out_rate)
     pcm = np.frombuffer(float_to_pcm16(audio), dtype="<i2").reshape(1, -1)
     buf = io.BytesIO()
+    av = _pyav()
     with av.open(buf, mode="w", format=container_fmt) as container:
         stream: Any = container.add_stream(codec, rate=out_rate, layout="mono")
         container.start_encoding()  # the header even with no samples: a valid empty file
@@ -174,6 +183,7 @@ def encode_audio(audio: AudioF32, rate: int, response_format: str) -> bytes:
 def supported_encodings() -> list[str]:
     """The response formats this build of PyAV can write (wav and pcm always)."""
     found = ["pcm"]
+    av = _pyav()
     for name, (_, codec, _) in ENCODINGS.items():
         try:
             av.codec.Codec(codec, "w")
