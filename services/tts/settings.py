@@ -89,7 +89,8 @@ class ChatterboxSettings(BaseModel):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Precision of the token model (T3); `auto`: bfloat16 where the GPU supports it."""
     compile_mode: Literal["off", "default", "reduce-overhead", "max-autotune"] = "off"
-    """torch.compile the token model's step (`reduce-overhead` uses CUDA graphs); GPU only."""
+    """torch.compile the token model's step (`reduce-overhead` uses CUDA graphs: the dual-gpu
+    default); GPU only. A step that fails to compile at warm-up is served eager, with a warning."""
     watermark: bool = True
     """Apply chatterbox's Perth watermark to every rendered segment, as upstream does."""
     exaggeration: float = Field(default=0.5, ge=0.0, le=2.0)
@@ -203,7 +204,19 @@ class TtsSettings(BaseServiceSettings):
 
     @model_validator(mode="after")
     def _apply_profile(self) -> TtsSettings:
-        """`dual-gpu`: chatterbox on CUDA, physical GPU 1; `fake`: the fake engine;
-        each unless set explicitly."""
-        self.tts = apply_profile(self.tts, self.profile, "chatterbox", "chatterbox", gpu=1)
+        """`dual-gpu`: chatterbox on CUDA, physical GPU 1, its token step in CUDA graphs;
+        `fake`: the fake engine; each unless set explicitly.
+
+        CUDA graphs because on one H200 (random weights of real size) the eager step made
+        chatterbox slower than real time (RTF 1.35 against 0.89) and lost half its output
+        with four streams interleaved (0.4 against 1.13 s of audio per second):
+        benchmarks/results/gpu_h200/."""
+        self.tts = apply_profile(
+            self.tts,
+            self.profile,
+            "chatterbox",
+            "chatterbox",
+            gpu=1,
+            gpu_defaults={"compile_mode": "reduce-overhead"},
+        )
         return self

@@ -10,6 +10,7 @@ must be that sine without a click.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import sys
 import threading
 import time
@@ -17,7 +18,7 @@ import types
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import pytest
@@ -475,3 +476,62 @@ def test_warm_up_samples_as_a_request_with_the_settings_style() -> None:
         (WARM_UP_TEXT, Sampling(0.5, 0.0, 0.3, 0.05, 1.0, 1.2, WARM_UP_TOKENS)),
         ("render", ([1, 2, 3], True)),
     ]
+
+
+class _Warming:
+    """A stand-in TorchBackend for load_torch_backend: its warm-up fails when compiled."""
+
+    made: ClassVar[list[str]] = []
+
+    def __init__(self, model: Any, settings: ChatterboxSettings, device: str) -> None:
+        self.model, self.settings = model, settings
+        _Warming.made.append(settings.compile_mode)
+
+    def warm_up(self) -> None:
+        if self.settings.compile_mode != "off":
+            raise RuntimeError("Dynamo failed to run FX node")
+
+
+@pytest.fixture
+def warming(monkeypatch: pytest.MonkeyPatch) -> type[_Warming]:
+    """load_torch_backend over a fake `chatterbox.tts` and the failing-when-compiled backend."""
+    import services.tts.engines.chatterbox_torch as chatterbox_torch
+
+    upstream = types.ModuleType("chatterbox.tts")
+    upstream.ChatterboxTTS = types.SimpleNamespace(  # type: ignore[attr-defined]
+        from_local=lambda folder, device: ("model", folder, device)
+    )
+    monkeypatch.setitem(sys.modules, "chatterbox", types.ModuleType("chatterbox"))
+    monkeypatch.setitem(sys.modules, "chatterbox.tts", upstream)
+    monkeypatch.setattr(chatterbox_torch, "TorchBackend", _Warming)
+    _Warming.made = []
+    return _Warming
+
+
+def test_a_step_that_fails_to_compile_is_served_eager(
+    warming: type[_Warming], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from services.tts.engines.chatterbox_torch import load_torch_backend
+
+    settings = ChatterboxSettings(compile_mode="reduce-overhead")
+    with caplog.at_level(logging.WARNING):
+        backend: Any = load_torch_backend(tmp_path, "cuda:0", settings)
+    assert warming.made == ["reduce-overhead", "off"]
+    assert backend.settings.compile_mode == "off"
+    assert backend.model == ("model", tmp_path, "cuda:0")  # the same model, not loaded again
+    assert "failed at warm-up (RuntimeError: Dynamo failed" in caplog.text
+    assert settings.compile_mode == "reduce-overhead"  # the caller's settings are untouched
+
+
+def test_an_eager_warm_up_failure_is_not_retried(
+    warming: type[_Warming], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from services.tts.engines.chatterbox_torch import load_torch_backend
+
+    def out_of_memory(self: _Warming) -> None:
+        raise OSError("OOM")
+
+    monkeypatch.setattr(_Warming, "warm_up", out_of_memory)
+    with pytest.raises(OSError, match="OOM"):
+        load_torch_backend(tmp_path, "cuda:0", ChatterboxSettings())
+    assert warming.made == ["off"]

@@ -38,6 +38,14 @@ def test_dual_gpu_picks_faster_whisper_on_gpu_0_and_chatterbox_on_gpu_1() -> Non
     assert (asr.engine, asr.whisper.device, asr.whisper.gpu) == ("faster-whisper", "cuda", 0)
     assert asr.whisper.model == "large-v3-turbo"
     assert (tts.engine, tts.chatterbox.device, tts.chatterbox.gpu) == ("chatterbox", "cuda", 1)
+    assert tts.chatterbox.compile_mode == "reduce-overhead"  # CUDA graphs: measured faster
+
+
+def test_dual_gpu_chatterbox_can_be_told_to_run_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VA_PROFILE", "dual-gpu")
+    monkeypatch.setenv("VA_TTS__CHATTERBOX__COMPILE_MODE", "off")
+    assert TtsSettings().tts.chatterbox.compile_mode == "off"
+    assert TtsSection().chatterbox.compile_mode == "off"  # and it is not the shared default
 
 
 def test_dual_gpu_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -65,7 +65,20 @@ def load_torch_backend(
         else ChatterboxTTS.from_local(folder, device)
     )
     backend = TorchBackend(model, settings, device)
-    backend.warm_up()
+    try:
+        backend.warm_up()
+    except Exception as exc:  # the compiler's failures are of any type
+        if settings.compile_mode == "off":
+            raise
+        log.warning(
+            "chatterbox: T3's compiled step (compile_mode=%s) failed at warm-up (%s: %s);"
+            " serving it eager",
+            settings.compile_mode,
+            type(exc).__name__,
+            exc,
+        )
+        backend = TorchBackend(model, settings.model_copy(update={"compile_mode": "off"}), device)
+        backend.warm_up()
     return backend
 
 
