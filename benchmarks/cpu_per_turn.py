@@ -44,6 +44,7 @@ CONFIGS: dict[str, dict[str, str]] = {
     "defaults": {},
     "defaults, 5 s encoder window": {"VA_ASR__WHISPER__MIN_WINDOW_S": "5"},
     "defaults, no prepared reply": {"VA_GATEWAY__PREPARE_REPLIES": "false"},
+    "BLAS one thread per core (before)": {"VA_BLAS_THREADS": "0"},
 }
 
 

@@ -25,6 +25,7 @@ from services.common.bus.keys import Keys
 from services.common.bus.streams import JobStream, consumed_shards, unique_consumer_name
 from services.common.bus.worker import JobWorker
 from services.common.platform.devices import cuda_index
+from services.common.platform.threads import limit_blas_threads
 from services.common.service.lifecycle import Background
 from services.common.service.routes import ServiceState, install_ops
 
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 
 def create_app(settings: AsrSettings, engine: AsrEngine | None = None) -> FastAPI:
     """The ASR app. The model loads in `lifespan`, never at import."""
+    limit_blas_threads(settings.blas_threads)
     section = settings.asr
     engine = engine or create_engine(section)
     redis = connect(settings.redis)

@@ -23,6 +23,7 @@ from services.common.auth.tokens_api import install_auth
 from services.common.bus.connection import connect
 from services.common.bus.messages import BusResult
 from services.common.errors import CapacityError, Forbidden, InternalError, VoiceAgentError
+from services.common.platform.threads import limit_blas_threads
 from services.common.protocol.events import SessionConfig, SessionCreated
 from services.common.service.lifecycle import Background
 from services.common.service.routes import ServiceState, install_ops
@@ -103,6 +104,7 @@ def create_app(
     `agents`, `end_of_turn` and `admission` replace the built-in responders, turn policy
     and admission (services/gateway/admission.py).
     """
+    limit_blas_threads(settings.blas_threads)
     section = settings.gateway
     end_of_turn = end_of_turn or create_policy(section)
     vad = listening(end_of_turn, settings.vad, section)

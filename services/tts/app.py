@@ -15,6 +15,7 @@ from services.common.bus.keys import Keys
 from services.common.bus.streams import JobStream, consumed_shards, unique_consumer_name
 from services.common.bus.worker import JobWorker
 from services.common.platform.devices import cuda_index
+from services.common.platform.threads import limit_blas_threads
 from services.common.service.lifecycle import Background
 from services.common.service.routes import ServiceState, install_ops
 from services.tts.consumer import TtsJobHandler
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 
 def create_app(settings: TtsSettings, engine: TtsEngine | None = None) -> FastAPI:
     """The TTS app. The model loads in `lifespan`, never at import."""
+    limit_blas_threads(settings.blas_threads)
     section = settings.tts
     engine = engine or create_engine(section)
     redis = connect(settings.redis)
