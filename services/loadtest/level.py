@@ -11,12 +11,21 @@ from typing import Any, Final
 
 from services.loadtest.breakdown import growing_stage
 from services.loadtest.capacity import LevelFigures, over_budget
-from services.loadtest.stats import STAGES, lag_stats, stats, turn_figures
+from services.loadtest.stats import (
+    STAGES,
+    TurnFigures,
+    TurnRecord,
+    lag_stats,
+    stats,
+    turn_figures,
+)
 from services.loadtest.user import SessionRun
 
 STALL_TOLERANCE_MS: Final = 50.0
 """Agent audio may arrive this much later than real time before a session counts as
 fallen behind (the gateway sends 200 ms ahead, so this is already past that lead)."""
+SLOW_END_OF_TURN_MS: Final = 1000.0
+"""A turn whose end took longer than this is listed in its level's `slow_turns`."""
 DECOMPOSED: Final = ("end_of_turn", "asr", "response")
 """The client's stages voice-to-voice is the sum of: where the growing stage is looked for
 when the services' metrics were not read."""
@@ -41,6 +50,8 @@ class LevelPart:
     stalled_responses: int = 0
     send_lag_ms: list[float] = field(default_factory=list)
     loop_lag_ms: list[float] = field(default_factory=list)
+    slow_turns: list[dict[str, Any]] = field(default_factory=list)
+    """Turns whose end took longer than `SLOW_END_OF_TURN_MS`: what was said, and how."""
 
     def add_session(self, run: SessionRun) -> None:
         """Fold in one finished session."""
@@ -64,6 +75,8 @@ class LevelPart:
                 self.samples_ms[stage].append(value)
             if figures.accuracy is not None:
                 self.accuracy.append(figures.accuracy)
+            if figures.stages.get("end_of_turn", 0.0) > SLOW_END_OF_TURN_MS:
+                self.slow_turns.append(slow_turn(turn, figures))
         self.errors.update(code for _, code in conversation.errors)
         if run.timeouts:
             self.errors["timeout"] += run.timeouts
@@ -92,10 +105,22 @@ class LevelPart:
         self.stalled_responses += other.stalled_responses
         self.send_lag_ms.extend(other.send_lag_ms)
         self.loop_lag_ms.extend(other.loop_lag_ms)
+        self.slow_turns.extend(other.slow_turns)
 
     @property
     def error_rate(self) -> float:
         return sum(self.errors.values()) / max(1, self.attempts)
+
+
+def slow_turn(turn: TurnRecord, figures: TurnFigures) -> dict[str, Any]:
+    """One slow turn, as the results file lists it."""
+    return {
+        "script": turn.script,
+        "barge_in": turn.barge_in,
+        "heard": figures.heard,
+        "utterances": figures.utterances,
+        "stages_ms": {stage: round(value, 1) for stage, value in figures.stages.items()},
+    }
 
 
 def level_report(
@@ -146,6 +171,7 @@ def level_report(
             "send_lag_ms": lag_stats(part.send_lag_ms),
         },
         "samples_ms": {stage: [round(v, 1) for v in samples[stage]] for stage in STAGES},
+        "slow_turns": part.slow_turns,
     }
 
 

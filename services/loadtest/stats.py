@@ -48,6 +48,10 @@ class TurnFigures:
 
     stages: dict[str, float] = field(default_factory=dict)
     completed: bool = False
+    heard: str = ""
+    """What the gateway's transcripts of the turn said, joined."""
+    utterances: int = 0
+    """How many utterances the gateway heard the turn as."""
     accuracy: float | None = None
 
 
@@ -105,7 +109,7 @@ def turn_figures(conversation: Conversation, turns: list[TurnRecord]) -> list[Tu
 
 
 def _figures(conversation: Conversation, turn: TurnRecord, mine: list[Utterance]) -> TurnFigures:
-    out = TurnFigures()
+    out = TurnFigures(heard=" ".join(u.text for u in mine).strip(), utterances=len(mine))
     if turn.script is not None and any(u.finals for u in mine):
         out.accuracy = word_accuracy(turn.script, " ".join(u.text for u in mine))
     if turn.barge_in:

@@ -268,6 +268,21 @@ def test_level_report_fills_the_schema() -> None:
     assert level["over_budget"] == "1 of 3 sessions could not connect"
 
 
+def test_turns_whose_end_took_over_a_second_are_listed_with_what_was_heard() -> None:
+    slow = fed(
+        *utterance("u1", 1.3, 2.0, "where do you", 2.3),
+        *utterance("u2", 2.4, 4.2, "live", 4.5),
+        *response("r1", "u2", 4.6, 10),
+    )
+    part = LevelPart()
+    part.add_session(SessionRun(slow, [TurnRecord("where do you live", 1.0, last_sent_at=3.0)]))
+    part.add_session(run_of(1.0))  # its end took 600 ms: not listed
+    (listed,) = level_report(part, 2, 10.0, engine_ms=None, server={})["slow_turns"]
+    assert listed["script"] == "where do you live" and listed["heard"] == "where do you live"
+    assert (listed["utterances"], listed["barge_in"]) == (2, False)
+    assert listed["stages_ms"]["end_of_turn"] == 1200.0
+
+
 def test_a_level_is_judged_by_its_voice_to_voice_p95_and_the_client_stage_that_grew() -> None:
     levels = [level_of(1, 1.0), level_of(2, 1.1), level_of(4, 2.5), level_of(8, 3.0)]
     assert [level["within_budget"] for level in levels] == [True, True, False, False]
