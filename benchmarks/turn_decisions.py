@@ -70,6 +70,9 @@ PREVIOUS = {
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "smart-turn (defaults)": {},
+    "defaults, a transcript that only trails off ('...') judged by the model": {
+        "mid_thought": "model"
+    },
     "previous defaults (fitted on the first 40 utterances)": PREVIOUS,
     "model alone (no word rules, ASR scores unread, no unsure wait)": {
         "mid_thought": False,
@@ -90,7 +93,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
     },
 }
 """Each against GatewaySection's defaults; `mid_thought: False` turns the mid-thought words
-rule off (it has no setting)."""
+rule off (it has no setting), `"model"` lets the model judge a transcript that ends
+mid-thought by its punctuation alone."""
 
 GRID: dict[str, list[Any]] = {
     "smart_turn_threshold": [0.5, 0.3, 0.7],
@@ -241,11 +245,13 @@ class Recorded:
 
 
 class Policy(SmartTurn):
-    """SmartTurn, with its mid-thought words rule left out when `mid_thought` is False."""
+    """SmartTurn, with its mid-thought words rule left out when `mid_thought` is False, and
+    a transcript that only trails off judged by the model when it is "model"."""
 
-    def __init__(self, settings: GatewaySection, mid_thought: bool) -> None:
+    def __init__(self, settings: GatewaySection, mid_thought: bool | str) -> None:
         super().__init__(settings)
-        self.mid_thought_rule = mid_thought
+        self.mid_thought_rule = bool(mid_thought)
+        self.trailing_off_asks_model = mid_thought == "model"
 
 
 @dataclass

@@ -22,6 +22,7 @@ from services.gateway.turn_end import (
     Transcript,
     create_policy,
     ends_mid_thought,
+    only_trails_off,
 )
 from tests.speech import piper_speech, speak
 
@@ -293,6 +294,43 @@ async def test_speech_that_added_no_words_waits_for_the_fallback() -> None:
 )
 def test_a_transcript_is_read_by_how_it_ends(text: str, mid_thought: bool) -> None:
     assert ends_mid_thought(text) is mid_thought
+
+
+@pytest.mark.parametrize(
+    ("text", "only"),
+    [
+        ("Read me the new head, I'll...", True),
+        ("What is the weather light-", True),
+        ("What is the weather light in-", False),  # "in" is mid-thought
+        ("Please remind me to...", False),  # "to" itself is mid-thought
+        ("Can you tell me, um,", False),  # so is the filler
+        ("Where is the nearest pharmacy?", False),  # not mid-thought at all
+        ("", False),
+    ],
+)
+def test_a_transcript_that_only_trails_off_is_told_apart(text: str, only: bool) -> None:
+    assert only_trails_off(text) is only
+
+
+async def test_trailing_off_can_be_left_to_the_model() -> None:
+    policy = SmartTurn(GatewaySection())
+    policy.trailing_off_asks_model = True
+    clip = np.zeros(16000, np.float32)
+    sure = CountingProbability(0.9)
+    policy.batcher = sure  # type: ignore[assignment]
+    # the model calls it complete: the turn ends at once, where the words alone would wait
+    assert await policy.turn_complete(clip, heard("Read me the new head, I'll..."), 100)
+    assert sure.asked == 1
+    # the model hears more to come: the trailing off waits for the fallback, past the unsure
+    policy.batcher = CountingProbability(0.2)  # type: ignore[assignment]
+    assert not await policy.turn_complete(clip, heard("Read me the new head, I'll..."), 1900)
+    # a mid-thought word still waits whatever the model says, and it is not asked
+    assert not await policy.turn_complete(clip, heard("Please remind me to..."), 100)
+    assert sure.asked == 1
+    # off (the default): punctuation alone waits too, without the model
+    policy.trailing_off_asks_model = False
+    assert not await policy.turn_complete(clip, heard("Read me the new head, I'll..."), 100)
+    assert sure.asked == 1
 
 
 def test_auto_picks_smart_turn_when_its_model_is_installed(
