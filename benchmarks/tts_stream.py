@@ -122,7 +122,7 @@ def chatterbox_engine(
         "max_new_tokens": args.tokens,
     }
     for name in ("first_chunk_tokens", "chunk_tokens"):
-        if getattr(args, name):
+        if getattr(args, name) is not None:
             overrides[name] = getattr(args, name)
     if args.random_weights:
         settings = ChatterboxSettings(models_dir=workdir / "none", allow_download=True, **overrides)

@@ -95,7 +95,8 @@ run "${PIP_TTS[@]}" "numpy>=1.26,<2" librosa s3tokenizer "transformers==5.2.*" \
 run "${PIP_TTS[@]}" --no-deps -e .
 run "${PIP_TTS[@]}" "fastapi>=0.115" "uvicorn[standard]>=0.30" "websockets>=13" "redis>=5.0" \
   "httpx>=0.27" "prometheus-client>=0.20" "pydantic>=2.7" "pydantic-settings>=2.3" \
-  "python-multipart>=0.0.9" "soxr>=0.4" "av>=12" "nvidia-ml-py>=12" "espeakng-loader>=0.2"
+  "python-multipart>=0.0.9" "soxr>=0.4" "av>=12" "nvidia-ml-py>=12" "espeakng-loader>=0.2" \
+  "threadpoolctl>=3.1"
 
 echo "# checks"
 run "${VENV}/bin/python" -c \

@@ -52,8 +52,11 @@ RUN site="$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_path(
     && mv /tmp/app/* "/out$site/"
 
 FROM ${BASE}
+# gcc, libc6-dev and python3-dev: Triton builds its CUDA launcher with them the first time
+# T3's step is compiled (VA_PROFILE=dual-gpu uses CUDA graphs: docs/engines.md); without
+# them the compile fails at warm-up and the step is served eager, slower than real time.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3 \
+    && apt-get install -y --no-install-recommends python3 gcc libc6-dev python3-dev \
     && apt-get clean && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt \
         /var/log/dpkg.log /var/cache/debconf/*-old /var/lib/dpkg/*-old \
     && groupadd --system --gid 10001 voice-agent \

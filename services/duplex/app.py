@@ -14,6 +14,7 @@ from fastapi import FastAPI, Query, WebSocket
 from services.common.auth.tokens_api import install_auth
 from services.common.bus.connection import connect
 from services.common.platform.devices import cuda_index
+from services.common.platform.threads import limit_blas_threads
 from services.common.service.lifecycle import Background
 from services.common.service.routes import ServiceState, install_ops
 from services.duplex import metrics
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 
 def create_app(settings: DuplexSettings, engine: DuplexEngine | None = None) -> FastAPI:
     """The duplex app: `max_sessions` slots stepped together by one model."""
+    limit_blas_threads(settings.blas_threads)
     section = settings.duplex
     engine = engine or create_engine(section)
     redis = connect(settings.redis)

@@ -270,9 +270,9 @@ class SmartTurn(SilenceOnly):
         if heard is None:
             return None
         words_known = word_rules_apply(heard.language)
-        if self.mid_thought_rule and words_known and ends_mid_thought(heard.text):
-            if self._model_judges_trailing_off(heard):
-                return None  # complete if the model says so; else it waits (turn_complete)
+        trailing_off = self._model_judges_trailing_off(heard)
+        mid_thought = self.mid_thought_rule and words_known and ends_mid_thought(heard.text)
+        if mid_thought and not trailing_off:
             metrics.TURN_MODEL.labels("incomplete_words").inc()
             return False
         if self.no_new_words_rule and words_known and heard.added_no_words():
@@ -280,6 +280,8 @@ class SmartTurn(SilenceOnly):
             return False
         if heard.doubted(self.transcript_logprob, self.last_word_logprob):
             return self._waited(silence_ms, self.doubt_ms, "doubted_words", "doubt_ended")
+        if trailing_off:
+            return None  # complete if the model says so; else it waits (turn_complete)
         if silence_ms >= self.unsure_ms:  # complete whatever the model says: not asked
             metrics.TURN_MODEL.labels("unsure_ended").inc()
             return True

@@ -26,6 +26,8 @@ STALL_TOLERANCE_MS: Final = 50.0
 fallen behind (the gateway sends 200 ms ahead, so this is already past that lead)."""
 SLOW_END_OF_TURN_MS: Final = 1000.0
 """A turn whose end took longer than this is listed in its level's `slow_turns`."""
+SLOW_TURNS_LISTED: Final = 50
+"""At most this many, the slowest first: an overloaded level would list nearly every turn."""
 DECOMPOSED: Final = ("end_of_turn", "asr", "response")
 """The client's stages voice-to-voice is the sum of: where the growing stage is looked for
 when the services' metrics were not read."""
@@ -171,7 +173,9 @@ def level_report(
             "send_lag_ms": lag_stats(part.send_lag_ms),
         },
         "samples_ms": {stage: [round(v, 1) for v in samples[stage]] for stage in STAGES},
-        "slow_turns": part.slow_turns,
+        "slow_turns": sorted(part.slow_turns, key=lambda turn: -turn["stages_ms"]["end_of_turn"])[
+            :SLOW_TURNS_LISTED
+        ],
     }
 
 

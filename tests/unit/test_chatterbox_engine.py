@@ -482,6 +482,7 @@ class _Warming:
     """A stand-in TorchBackend for load_torch_backend: its warm-up fails when compiled."""
 
     made: ClassVar[list[str]] = []
+    released: ClassVar[int] = 0
 
     def __init__(self, model: Any, settings: ChatterboxSettings, device: str) -> None:
         self.model, self.settings = model, settings
@@ -504,7 +505,12 @@ def warming(monkeypatch: pytest.MonkeyPatch) -> type[_Warming]:
     monkeypatch.setitem(sys.modules, "chatterbox", types.ModuleType("chatterbox"))
     monkeypatch.setitem(sys.modules, "chatterbox.tts", upstream)
     monkeypatch.setattr(chatterbox_torch, "TorchBackend", _Warming)
-    _Warming.made = []
+
+    def released() -> None:
+        _Warming.released += 1
+
+    monkeypatch.setattr(chatterbox_torch, "release_compiled", released)
+    _Warming.made, _Warming.released = [], 0
     return _Warming
 
 
@@ -517,6 +523,7 @@ def test_a_step_that_fails_to_compile_is_served_eager(
     with caplog.at_level(logging.WARNING):
         backend: Any = load_torch_backend(tmp_path, "cuda:0", settings)
     assert warming.made == ["reduce-overhead", "off"]
+    assert warming.released == 1  # what the failed compilation held is let go first
     assert backend.settings.compile_mode == "off"
     assert backend.model == ("model", tmp_path, "cuda:0")  # the same model, not loaded again
     assert "failed at warm-up (RuntimeError: Dynamo failed" in caplog.text
@@ -535,3 +542,4 @@ def test_an_eager_warm_up_failure_is_not_retried(
     with pytest.raises(OSError, match="OOM"):
         load_torch_backend(tmp_path, "cuda:0", ChatterboxSettings())
     assert warming.made == ["off"]
+    assert warming.released == 0

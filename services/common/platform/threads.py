@@ -1,12 +1,12 @@
 """numpy's BLAS thread pool, held to what a service needs.
 
-numpy's matrix products run on OpenBLAS, which starts one thread per core and, after a
-product, leaves its threads spinning for the next one. In these services numpy's products
-are small (the log-Mel filterbanks of Whisper and Smart Turn, say) and the heavy work runs
-in the engines' own pools (onnxruntime, CTranslate2), so the spinning threads burn a core
-while the engine works beside them. On a 2-core machine a Smart Turn ask cost 92 ms of CPU
-with numpy's two BLAS threads and 51 ms with one, and a spoken turn 1.03 CPU-seconds
-against 0.86 (`benchmarks/cpu_per_turn.py`).
+numpy's matrix products run on OpenBLAS, which starts one thread per core (unless the
+environment says otherwise) and, after a product, leaves its threads spinning for the next.
+In these services numpy's products are small (the log-Mel filterbanks of Whisper and Smart
+Turn, say) and the heavy work runs in the engines' own pools (onnxruntime, CTranslate2), so
+the spinning threads burn a core while the engine works beside them. On a 2-core machine a
+Smart Turn ask cost 92 ms of CPU with numpy's two BLAS threads and 51 ms with one, and a
+spoken turn 1.03 CPU-seconds against 0.90 (`benchmarks/cpu_per_turn.py`).
 """
 
 from __future__ import annotations

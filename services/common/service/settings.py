@@ -55,9 +55,10 @@ class BaseServiceSettings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Log level."""
     blas_threads: int = Field(default=1, ge=0, le=256)
-    """Threads of numpy's BLAS (OpenBLAS) in the ASR, TTS and gateway processes (0: the
-    library's own choice, one per core). One: the engines run their own thread pools, and
-    BLAS threads left spinning after numpy's small products burn a core beside them (a
-    spoken turn cost 0.86 CPU-s with one, 1.03 with two; benchmarks/cpu_per_turn.py)."""
+    """Threads of numpy's BLAS (OpenBLAS) in each service's process (0: leave the library's
+    own choice, one per core unless the environment says otherwise). One: the engines run
+    their own thread pools, and BLAS threads left spinning after numpy's small products burn
+    a core beside them (a spoken turn cost 0.90 CPU-s with one, 1.03 with two on 2 cores;
+    benchmarks/cpu_per_turn.py)."""
     auth: AuthSettings = AuthSettings()
     """Authentication, tenants and abuse limits (docs/auth.md)."""

@@ -67,19 +67,34 @@ def load_torch_backend(
     backend = TorchBackend(model, settings, device)
     try:
         backend.warm_up()
+        return backend
     except Exception as exc:  # the compiler's failures are of any type
         if settings.compile_mode == "off":
             raise
-        log.warning(
-            "chatterbox: T3's compiled step (compile_mode=%s) failed at warm-up (%s: %s);"
-            " serving it eager",
-            settings.compile_mode,
-            type(exc).__name__,
-            exc,
-        )
-        backend = TorchBackend(model, settings.model_copy(update={"compile_mode": "off"}), device)
-        backend.warm_up()
-    return backend
+        failure = f"{type(exc).__name__}: {exc}"
+    # out of the handler, so the traceback no longer holds the compiled backend's caches
+    del backend
+    release_compiled()
+    log.warning(
+        "chatterbox: T3's compiled step (compile_mode=%s) failed at warm-up (%s); serving it"
+        " eager, which is slower (docs/engines.md)",
+        settings.compile_mode,
+        failure,
+    )
+    eager = TorchBackend(model, settings.model_copy(update={"compile_mode": "off"}), device)
+    eager.warm_up()
+    return eager
+
+
+def release_compiled() -> None:
+    """Drop what a failed compilation left: dynamo's caches, and the CUDA memory its graphs
+    and static caches held."""
+    import torch
+
+    torch._dynamo.reset()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
 
 
 def pick_dtype(torch: Any, wanted: str, device: str) -> Any:
