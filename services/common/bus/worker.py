@@ -33,6 +33,13 @@ def job_id_of(delivery: Delivery) -> str | None:
     return job_id if isinstance(job_id, str) else None
 
 
+def _being_cancelled() -> bool:
+    """Whether the running task has been asked to stop: a library that turns the
+    cancellation of an await into an error of its own must not make a worker retry."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 class JobWorker:
     """Runs `handler` for every job of one stream, at most `concurrency` at a time."""
 
@@ -64,6 +71,8 @@ class JobWorker:
             try:
                 await self.jobs.touch(list(self._entries.values()))
             except (*REDIS_DOWN, ResponseError) as exc:
+                if _being_cancelled():
+                    raise asyncio.CancelledError from exc
                 log.info("could not touch jobs in flight on %s: %s", self.jobs.stream, exc)
 
     async def _run(self) -> None:
@@ -75,12 +84,16 @@ class JobWorker:
                 backoff = 0.2
                 await self._serve()
             except REDIS_DOWN as exc:
+                if _being_cancelled():
+                    raise asyncio.CancelledError from exc
                 if self.connected:
                     log.warning("redis unreachable on %s: %s", self.jobs.stream, exc)
                 self.connected = False
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
             except ResponseError as exc:
+                if _being_cancelled():
+                    raise asyncio.CancelledError from exc
                 # a promoted replica that never saw the group (lost with the old master), a
                 # node refusing while a Cluster failover settles, a Redis still loading its
                 # data, or one refusing us (NOAUTH, protected mode: an operator must act):
