@@ -1,5 +1,6 @@
 """A job worker stops when cancelled, even when Redis's client turns the cancellation of a
-read into an error of its own (which the worker otherwise retries after a backoff)."""
+read into an error of its own (which the worker otherwise retries after a backoff) or
+swallows it whole (the read returns)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ class SwallowingStream:
 
     stream = "jobs"
 
-    def __init__(self, error: Exception) -> None:
+    def __init__(self, error: Exception | None) -> None:
         self.settings = types.SimpleNamespace(claim_idle_ms=60_000)
         self.error = error
         self.swallow = True
@@ -40,9 +41,11 @@ class SwallowingStream:
         try:
             await asyncio.Event().wait()
         except asyncio.CancelledError:
-            if self.swallow:
+            if not self.swallow:
+                raise
+            if self.error is not None:
                 raise self.error from None
-            raise
+            # swallowed whole: the read returns as if nothing had come
         return []
 
 
@@ -52,11 +55,11 @@ async def handler(delivery: Any) -> None:
 
 @pytest.mark.parametrize(
     "error",
-    [RedisConnectionError("Connection closed by server."), ResponseError("LOADING")],
-    ids=["connection-error", "response-error"],
+    [RedisConnectionError("Connection closed by server."), ResponseError("LOADING"), None],
+    ids=["connection-error", "response-error", "swallowed"],
 )
 async def test_a_cancelled_worker_stops_even_if_its_read_hides_the_cancel(
-    error: Exception,
+    error: Exception | None,
 ) -> None:
     stream = SwallowingStream(error)
     worker = JobWorker(stream, Keys("t"), handler, 2)  # type: ignore[arg-type]

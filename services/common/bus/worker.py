@@ -110,6 +110,8 @@ class JobWorker:
     async def _serve(self) -> None:
         idle_s = self.jobs.settings.claim_idle_ms / 1000
         while True:
+            if _being_cancelled():  # a cancellation an await swallowed whole
+                raise asyncio.CancelledError
             free = self.concurrency - len(self.in_flight)
             if free <= 0:
                 await asyncio.wait(self.in_flight, return_when=asyncio.FIRST_COMPLETED)
