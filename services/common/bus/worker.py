@@ -78,22 +78,20 @@ class JobWorker:
     async def _run(self) -> None:
         backoff = 0.2
         while True:
+            if _being_cancelled():  # an error that stood for the cancellation: stop, not retry
+                raise asyncio.CancelledError
             try:
                 await self.jobs.ensure_group()
                 self.connected = True
                 backoff = 0.2
                 await self._serve()
             except REDIS_DOWN as exc:
-                if _being_cancelled():
-                    raise asyncio.CancelledError from exc
                 if self.connected:
                     log.warning("redis unreachable on %s: %s", self.jobs.stream, exc)
                 self.connected = False
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
             except ResponseError as exc:
-                if _being_cancelled():
-                    raise asyncio.CancelledError from exc
                 # a promoted replica that never saw the group (lost with the old master), a
                 # node refusing while a Cluster failover settles, a Redis still loading its
                 # data, or one refusing us (NOAUTH, protected mode: an operator must act):
