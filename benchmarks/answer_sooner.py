@@ -53,6 +53,7 @@ SILENCE = {"VA_GATEWAY__END_OF_TURN": "silence"}
 UNPREPARED = {"VA_GATEWAY__PREPARE_REPLIES": "false"}
 EARLY = {"VA_VAD__PAUSE_MS": "64", "VA_VAD__TRAILING_PAD_MS": "64"}
 CLAUSES_ONLY = {"VA_GATEWAY__FIRST_CHUNK_PHRASE": "false"}
+ASR_ONE_THREAD = {"VA_ASR__WHISPER__CPU_THREADS": "1"}
 
 
 def configurations() -> dict[str, tuple[dict[str, str], float | None]]:
@@ -78,6 +79,15 @@ def configurations() -> dict[str, tuple[dict[str, str], float | None]]:
         CLAUSES_ONLY,
         300.0,
     )
+    # CTranslate2 on one thread per ASR call (its default is four: on two cores the
+    # decoder's many small steps lose more to the threads' hand-offs than they gain)
+    configs["smart-turn, echo, prepared, ASR one thread"] = (ASR_ONE_THREAD, None)
+    # a shorter first chunk: the first TTS piece waits for fewer streamed words
+    for words in (3, 4):
+        configs[f"smart-turn, openai TTFT 300 ms, prepared, first chunk {words} words"] = (
+            {"VA_GATEWAY__FIRST_CHUNK_WORDS": str(words)},
+            300.0,
+        )
     return configs
 
 
