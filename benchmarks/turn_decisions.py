@@ -261,11 +261,12 @@ class Decision:
 
 
 async def decide(
-    policy: SmartTurn, pause: Pause, heard_at_ms: int, model_ms: int
+    policy: SmartTurn, pause: Pause, heard_at_ms: int, model_ms: int, least_ms: int = 0
 ) -> Decision | None:
     """When, and why, the policy ends the turn in this pause (None: it does not, or the
     speaker went on first). A decision waits for the transcript, known `heard_at_ms` into
-    the silence, and for the model when it was asked (`model_ms` a call)."""
+    the silence, and for the model when it was asked (`model_ms` a call); the turn ends
+    no sooner than `least_ms` of silence (`end_of_turn_min_silence_ms`)."""
     recorded = Recorded(pause)
     policy.batcher = recorded  # type: ignore[assignment]
     known: asyncio.Future[Heard | None] = asyncio.get_running_loop().create_future()
@@ -273,7 +274,7 @@ async def decide(
     for (silence, size), p in zip(pause.asks, pause.probabilities, strict=True):
         recorded.asked = 0
         if await policy.turn_complete(_zeros(size), known, silence):
-            at = max(silence + model_ms * recorded.asked, heard_at_ms)
+            at = max(silence + model_ms * recorded.asked, heard_at_ms, least_ms)
             return Decision(at, _why(policy, pause.heard, p)) if at <= pause.silence_ms else None
     return None
 
@@ -312,7 +313,8 @@ async def replay(
                 for p in item.pauses
             ]
         else:
-            decided = [await decide(policy, p, heard_at_ms, model_ms) for p in item.pauses]
+            least = settings.end_of_turn_min_silence_ms
+            decided = [await decide(policy, p, heard_at_ms, model_ms, least) for p in item.pauses]
         early = next((i for i, d in enumerate(decided[:-1]) if d is not None), None)
         last = decided[-1]
         if item.utterance.complete:

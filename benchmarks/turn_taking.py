@@ -211,6 +211,21 @@ CONFIGS: dict[str, dict[str, str]] = {
         "VA_VAD__PAUSE_MS": "64",
         "VA_VAD__TRAILING_PAD_MS": "64",
     },
+    # before the least silence (VA_GATEWAY__END_OF_TURN_MIN_SILENCE_MS): a turn ended as
+    # soon as the model and the words agreed, so a faster ASR ended turns sooner
+    "smart-turn, no least silence": {
+        "VA_GATEWAY__END_OF_TURN": "smart-turn",
+        "VA_GATEWAY__END_OF_TURN_MIN_SILENCE_MS": "0",
+    },
+    "smart-turn, ASR one thread": {
+        "VA_GATEWAY__END_OF_TURN": "smart-turn",
+        "VA_ASR__WHISPER__CPU_THREADS": "1",
+    },
+    "smart-turn, ASR one thread, no least silence": {
+        "VA_GATEWAY__END_OF_TURN": "smart-turn",
+        "VA_ASR__WHISPER__CPU_THREADS": "1",
+        "VA_GATEWAY__END_OF_TURN_MIN_SILENCE_MS": "0",
+    },
     "smart-turn, previous defaults (ASR doubt, no-new-words, unsure 500 ms)": {
         "VA_GATEWAY__END_OF_TURN": "smart-turn",
         "VA_GATEWAY__END_OF_TURN_TRANSCRIPT_LOGPROB": "-0.5",

@@ -115,6 +115,8 @@ class _Pause:
     transcript: Callable[[], asyncio.Future[Heard | None]]
     asks: int = 0
     asking: bool = False
+    complete: bool = False
+    """The policy ended the turn before `end_of_turn_min_silence_ms`: it ends there."""
 
 
 class PauseWatch:
@@ -164,6 +166,11 @@ class PauseWatch:
             self._pause = None
             return
         silence = self.segmenter.trailing_silence_ms
+        if pause.complete:
+            if silence >= self.settings.end_of_turn_min_silence_ms:
+                self._pause = None
+                self.spawn(self._end(pause), "turn-ended")
+            return
         # on a fixed grid of silence (first ask, then every recheck): no drift from the
         # VAD's 32 ms windows or from a slow answer
         due = (
@@ -181,5 +188,11 @@ class PauseWatch:
         pause.asking = False
         if not complete or not self._in_pause(pause, pause.utterance_id):
             return
+        if self.segmenter.trailing_silence_ms < self.settings.end_of_turn_min_silence_ms:
+            pause.complete = True  # ended by `maybe_ask` once the silence is long enough
+            return
         self._pause = None
+        await self._end(pause)
+
+    async def _end(self, pause: _Pause) -> None:
         await self.ended(pause.utterance_id)

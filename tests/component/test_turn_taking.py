@@ -115,7 +115,8 @@ async def test_a_failed_speculation_is_sent_again_at_the_end() -> None:
 @on_virtual_time
 async def test_a_complete_turn_ends_at_the_pause() -> None:
     model = ScriptedTurnModel(True)
-    async with running_session(end_of_turn=model, transcripts=["what time is it"]) as h:
+    settings = GatewaySection(end_of_turn_min_silence_ms=0)  # as soon as the model answers
+    async with running_session(settings, end_of_turn=model, transcripts=["what time is it"]) as h:
         speech_end = await h.say(silence(200), tone(1000))
         await h.say(silence(800))
         await h.wait_for("response.done")
@@ -131,6 +132,35 @@ async def test_a_complete_turn_ends_at_the_pause() -> None:
         max(stopped, sent + h.bus.asr_delay_s), abs=2 * WINDOW_S
     )
     assert len(final_jobs(h)) == 1
+
+
+@on_virtual_time
+async def test_a_turn_called_complete_early_ends_at_the_least_silence() -> None:
+    model = ScriptedTurnModel(True)  # answers at FIRST_ASK_S + 50 ms of silence
+    least_s = GatewaySection().end_of_turn_min_silence_ms / 1000
+    assert FIRST_ASK_S + model.delay_s < least_s
+    async with running_session(end_of_turn=model, transcripts=["what time is it"]) as h:
+        speech_end = await h.say(silence(200), tone(1000))
+        await h.say(silence(800))
+        await h.wait_for("response.done")
+    assert len(model.asked) == 1  # not asked again while it waits
+    # no sooner than the least silence (the VAD's silence starts at or after the speech's
+    # end), and at the first frame that reaches it
+    assert least_s <= h.time_of("speech.stopped") - speech_end <= least_s + WINDOW_S
+    assert len(final_jobs(h)) == 1  # the speculation is still the final
+
+
+@on_virtual_time
+async def test_speech_before_the_least_silence_keeps_a_turn_called_complete_open() -> None:
+    model = ScriptedTurnModel(True, True)  # "complete" at both pauses
+    least_s = GatewaySection().end_of_turn_min_silence_ms / 1000
+    gap_ms = round(1000 * (FIRST_ASK_S + model.delay_s + least_s) / 2)  # between the two
+    async with running_session(end_of_turn=model, transcripts=["go to the station"]) as h:
+        await h.say(silence(200), tone(800), silence(gap_ms), tone(600), silence(800))
+        await h.wait_for("response.done")
+    assert len(model.asked) == 2
+    assert len(h.of_type("speech.started")) == len(h.of_type("speech.stopped")) == 1
+    assert [e["text"] for e in h.of_type("transcript.final")] == ["go to the station"]
 
 
 @on_virtual_time
@@ -285,7 +315,10 @@ async def test_smart_turn_without_speculation_trusts_the_model() -> None:
         speech_end = await h.say(silence(200), tone(1000))
         await h.say(silence(800))
         await h.wait_for("response.done")
-    assert h.time_of("speech.stopped") - speech_end == pytest.approx(FIRST_ASK_S, abs=2 * WINDOW_S)
+    least_s = settings.end_of_turn_min_silence_ms / 1000
+    assert h.time_of("speech.stopped") - speech_end == pytest.approx(
+        max(FIRST_ASK_S, least_s), abs=2 * WINDOW_S
+    )
 
 
 @on_virtual_time
