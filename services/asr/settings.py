@@ -34,8 +34,12 @@ class WhisperSettings(BaseModel):
         "default"
     )
     """CTranslate2 compute type; `default`: float16 on CUDA, int8 on CPU."""
-    cpu_threads: int = Field(default=0, ge=0, le=256)
-    """CPU threads for CPU inference (0: CTranslate2's default)."""
+    cpu_threads: int = Field(default=1, ge=0, le=256)
+    """CPU threads of each model call on the CPU (0: CTranslate2's default). One: tiny.en's
+    decoder takes many small steps, which lose more to the threads' hand-offs than they
+    gain; on 2 cores the ASR spent 25-30 % less CPU per turn, with voice-to-voice p50 17-20
+    ms sooner (benchmarks/results/issue24_amd/answer_sooner_asr_threads*.json). Raise it
+    for a larger model on more cores; more ASR processes are the other way to use them."""
     min_window_s: float = Field(default=10.0, ge=1.0, le=30.0)
     """Shortest encoder window: an utterance is padded to this (and to 1 s past its end), not
     to Whisper's 30 s; the encoder's work grows with the window (tiny.en on 2 CPU cores: ~4x

@@ -102,7 +102,7 @@ def test_settings_reach_ctranslate2(
         "device": "cuda",
         "device_index": 1,
         "compute_type": compute_type,
-        "cpu_threads": 0,
+        "cpu_threads": 1,
         "local_files_only": True,
     }
     assert engine.device == "cuda:1"
