@@ -51,10 +51,13 @@ class VadSettings(BaseModel):
     asked (smart-turn first at `VA_GATEWAY__END_OF_TURN_FIRST_ASK_MS` of silence). 64
     (with `trailing_pad_ms` 64) starts the transcript two 32 ms windows sooner: echo
     voice-to-voice p50 301 against 381 ms on 2 cores
-    (benchmarks/results/answer_sooner_pause64_lite.json), but a turn then ends inside a
+    (benchmarks/results/answer_sooner_pause64_lite.json), but a turn then ended inside a
     200-300 ms pause that the slower transcript outlasted: 19 of 32 long requests with
     commas were answered at a comma, against 9 with 100
-    (benchmarks/results/turn_taking_long_lite.json; docs/turn-taking.md)."""
+    (benchmarks/results/turn_taking_long_lite.json; docs/turn-taking.md). Both were
+    measured before smart-turn's least silence (`VA_GATEWAY__END_OF_TURN_MIN_SILENCE_MS`,
+    250 ms), which now holds such decisions back: 64 then starts the transcript and the
+    prepared reply sooner, not the answer (not measured with it)."""
     speech_pad_ms: int = Field(default=200, ge=0, le=2_000)
     """Audio kept before the detected start of speech."""
     trailing_pad_ms: int = Field(default=100, ge=0, le=2_000)
