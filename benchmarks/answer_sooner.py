@@ -82,6 +82,11 @@ def configurations() -> dict[str, tuple[dict[str, str], float | None]]:
     # CTranslate2 on one thread per ASR call (its default is four: on two cores the
     # decoder's many small steps lose more to the threads' hand-offs than they gain)
     configs["smart-turn, echo, prepared, ASR one thread"] = (ASR_ONE_THREAD, None)
+    # one thread is the default since: the comparison again
+    configs["smart-turn, echo, prepared, ASR CTranslate2's threads (before)"] = (
+        {"VA_ASR__WHISPER__CPU_THREADS": "0"},
+        None,
+    )
     # a shorter first chunk: the first TTS piece waits for fewer streamed words
     for words in (3, 4):
         configs[f"smart-turn, openai TTFT 300 ms, prepared, first chunk {words} words"] = (

@@ -217,6 +217,11 @@ CONFIGS: dict[str, dict[str, str]] = {
         "VA_GATEWAY__END_OF_TURN": "smart-turn",
         "VA_GATEWAY__END_OF_TURN_MIN_SILENCE_MS": "0",
     },
+    # one thread is the default since these were recorded (when it was CTranslate2's own)
+    "smart-turn, ASR CTranslate2's threads (before)": {
+        "VA_GATEWAY__END_OF_TURN": "smart-turn",
+        "VA_ASR__WHISPER__CPU_THREADS": "0",
+    },
     "smart-turn, ASR one thread": {
         "VA_GATEWAY__END_OF_TURN": "smart-turn",
         "VA_ASR__WHISPER__CPU_THREADS": "1",

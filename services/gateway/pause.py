@@ -188,9 +188,14 @@ class PauseWatch:
         pause.asking = False
         if not complete or not self._in_pause(pause, pause.utterance_id):
             return
-        if self.segmenter.trailing_silence_ms < self.settings.end_of_turn_min_silence_ms:
-            pause.complete = True  # ended by `maybe_ask` once the silence is long enough
-            return
+        short_ms = self.settings.end_of_turn_min_silence_ms - self.segmenter.trailing_silence_ms
+        if short_ms > 0:
+            # ended by `maybe_ask` on the frame whose silence is long enough; after that
+            # long on the clock too, for a stream that stops (a muted microphone)
+            pause.complete = True
+            await asyncio.sleep(short_ms / 1000)
+            if self._pause is not pause or not self._in_pause(pause, pause.utterance_id):
+                return
         self._pause = None
         await self._end(pause)
 

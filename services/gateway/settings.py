@@ -145,10 +145,12 @@ class GatewaySection(BaseModel):
     end_of_turn_recheck_ms: int = Field(default=200, ge=32, le=10_000)
     """`smart-turn`: while the pause goes on, the model is asked again this often."""
     end_of_turn_min_silence_ms: int = Field(default=250, ge=0, le=10_000)
-    """`smart-turn`: the least silence that ends a turn, however soon the model and the
-    words agree (0: as soon as they do). The decision waits for the pause's transcript, so
-    without it a faster ASR (a faster CPU, `VA_VAD__PAUSE_MS` 64, one CTranslate2 thread)
-    would also end turns sooner at pauses inside sentences; 250 ms is where the held-out
+    """`smart-turn` (and any policy asked at pauses): the least silence that ends a turn,
+    however soon the model and the words agree (0: as soon as they do); a client that
+    stops streaming inside it is answered once it has passed on the clock. The decision
+    waits for the pause's transcript, so without it a faster ASR (a faster CPU,
+    `VA_VAD__PAUSE_MS` 64, one CTranslate2 thread) would also end turns sooner at pauses
+    inside sentences; 250 ms is where the held-out
     figures of docs/turn-taking.md were measured (the words in at 250 ms of silence). On a
     2-core machine that transcribes in ~80 ms, long requests with commas were answered at
     a comma 12 times in 32 with it, 19 without (held-out: 12 and 16 of 24), for 16-22 ms

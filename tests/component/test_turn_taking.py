@@ -164,6 +164,19 @@ async def test_speech_before_the_least_silence_keeps_a_turn_called_complete_open
 
 
 @on_virtual_time
+async def test_a_stream_that_stops_inside_the_least_silence_is_answered_on_the_clock() -> None:
+    model = ScriptedTurnModel(True)
+    least_s = GatewaySection().end_of_turn_min_silence_ms / 1000
+    async with running_session(end_of_turn=model, transcripts=["what time is it"]) as h:
+        speech_end = await h.say(silence(200), tone(1000))
+        await h.say(silence(180))  # then nothing more
+        await h.wait_for("response.done")
+    assert len(model.asked) == 1
+    stopped = h.time_of("speech.stopped") - speech_end
+    assert least_s - WINDOW_S <= stopped <= least_s + WINDOW_S
+
+
+@on_virtual_time
 async def test_the_policy_gets_the_speculative_words_and_the_asrs_scores() -> None:
     model = ScriptedTurnModel(False, True, delay_s=0.2)
     options = {"transcripts": ["a recipe for it"], "last_word_logprob": -0.81, "avg_logprob": -0.4}
