@@ -115,8 +115,6 @@ class _Pause:
     transcript: Callable[[], asyncio.Future[Heard | None]]
     asks: int = 0
     asking: bool = False
-    complete: bool = False
-    """The policy ended the turn before `end_of_turn_min_silence_ms`: it ends there."""
 
 
 class PauseWatch:
@@ -166,11 +164,6 @@ class PauseWatch:
             self._pause = None
             return
         silence = self.segmenter.trailing_silence_ms
-        if pause.complete:
-            if silence >= self.settings.end_of_turn_min_silence_ms:
-                self._pause = None
-                self.spawn(self._end(pause), "turn-ended")
-            return
         # on a fixed grid of silence (first ask, then every recheck): no drift from the
         # VAD's 32 ms windows or from a slow answer
         due = (
@@ -185,19 +178,14 @@ class PauseWatch:
 
     async def _ask(self, pause: _Pause, audio: AudioF32, silence_ms: int) -> None:
         complete = await self.policy.turn_complete(audio, pause.transcript(), silence_ms)
+        if complete and self._in_pause(pause, pause.utterance_id):
+            # a turn called complete early ends at the least silence (on the clock, so a
+            # stream that stops inside it is answered too); still `asking` meanwhile
+            short_ms = self.settings.end_of_turn_min_silence_ms - self.segmenter.trailing_silence_ms
+            if short_ms > 0:
+                await asyncio.sleep(short_ms / 1000)
         pause.asking = False
         if not complete or not self._in_pause(pause, pause.utterance_id):
             return
-        short_ms = self.settings.end_of_turn_min_silence_ms - self.segmenter.trailing_silence_ms
-        if short_ms > 0:
-            # ended by `maybe_ask` on the frame whose silence is long enough; after that
-            # long on the clock too, for a stream that stops (a muted microphone)
-            pause.complete = True
-            await asyncio.sleep(short_ms / 1000)
-            if self._pause is not pause or not self._in_pause(pause, pause.utterance_id):
-                return
         self._pause = None
-        await self._end(pause)
-
-    async def _end(self, pause: _Pause) -> None:
         await self.ended(pause.utterance_id)
