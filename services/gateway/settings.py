@@ -149,7 +149,7 @@ class GatewaySection(BaseModel):
     however soon the model and the words agree (0: as soon as they do); a client that
     stops streaming inside it is answered once it has passed on the clock. The decision
     waits for the pause's transcript, so without it a faster ASR (a faster CPU,
-    `VA_VAD__PAUSE_MS` 64, one CTranslate2 thread) would also end turns sooner at pauses
+    a shorter `VA_VAD__PAUSE_MS`, one CTranslate2 thread) would also end turns sooner at pauses
     inside sentences; 250 ms is where the held-out
     figures of docs/turn-taking.md were measured (the words in at 250 ms of silence). On a
     2-core machine that transcribes in ~80 ms, long requests with commas were answered at

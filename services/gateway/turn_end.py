@@ -5,7 +5,7 @@ Two kinds of policy:
   (`VA_VAD__MIN_SILENCE_MS`) and the transcript: they return how long to wait for more
   speech first (0 answers at once); if the user speaks again inside the hold, the
   gateway joins both utterances into one user turn and asks again;
-- pause policies (`smart-turn`) are asked at each pause (`VA_VAD__PAUSE_MS`, 100 ms of
+- pause policies (`smart-turn`) are asked at each pause (`VA_VAD__PAUSE_MS`, 64 ms of
   silence, or `end_of_turn_first_ask_ms` if later) with the utterance's audio, the
   silence so far and, when it comes,
   the speculative transcript of the same audio: complete ends the turn at once;

@@ -45,23 +45,23 @@ class VadSettings(BaseModel):
     """Speech shorter than this is not a turn start."""
     min_silence_ms: int = Field(default=600, ge=32, le=10_000)
     """Silence that ends a turn."""
-    pause_ms: int = Field(default=100, ge=32, le=10_000)
+    pause_ms: int = Field(default=64, ge=32, le=10_000)
     """A shorter silence inside an utterance is reported as a pause (no less than
-    `trailing_pad_ms`): a speculative transcript starts; a pause end-of-turn policy is
-    asked (smart-turn first at `VA_GATEWAY__END_OF_TURN_FIRST_ASK_MS` of silence). 64
-    (with `trailing_pad_ms` 64) starts the transcript two 32 ms windows sooner: echo
-    voice-to-voice p50 301 against 381 ms on 2 cores
-    (benchmarks/results/answer_sooner_pause64_lite.json), but a turn then ended inside a
-    200-300 ms pause that the slower transcript outlasted: 19 of 32 long requests with
-    commas were answered at a comma, against 9 with 100
-    (benchmarks/results/turn_taking_long_lite.json; docs/turn-taking.md). Both were
-    measured before smart-turn's least silence (`VA_GATEWAY__END_OF_TURN_MIN_SILENCE_MS`,
-    250 ms), which now holds such decisions back: 64 then starts the transcript and the
-    prepared reply sooner, not the answer (not measured with it)."""
+    `trailing_pad_ms`): a speculative transcript starts, and the reply prepared on it; a
+    pause end-of-turn policy is asked (smart-turn first at
+    `VA_GATEWAY__END_OF_TURN_FIRST_ASK_MS` of silence). 64 (two 32 ms windows) since
+    smart-turn's least silence (`VA_GATEWAY__END_OF_TURN_MIN_SILENCE_MS`) decides when a
+    turn may end: against 100 (the previous default), on 2 cores, echo voice-to-voice p50 /
+    p95 333 / 389 against 374 / 448 ms, the openai agent's first text 68 ms sooner, and
+    long requests cut at a comma as often (10 and 11 in both), for about one more wasted
+    speculative transcript per turn (benchmarks/results/issue24_intel/; docs/turn-taking.md).
+    Before the least silence, 64 ended 19 of 32 long requests at a comma, against 9."""
     speech_pad_ms: int = Field(default=200, ge=0, le=2_000)
     """Audio kept before the detected start of speech."""
-    trailing_pad_ms: int = Field(default=100, ge=0, le=2_000)
-    """Audio kept, at most, after the end of speech (what ASR hears past the last word)."""
+    trailing_pad_ms: int = Field(default=64, ge=0, le=2_000)
+    """Audio kept, at most, after the end of speech (what ASR hears past the last word);
+    a pause is reported no sooner, so that the speculative transcript hears what the
+    final would."""
     max_utterance_s: float = Field(default=30.0, ge=1.0, le=30.0)
     """An utterance this long is split (ASR jobs hold at most 30 s)."""
     model_path: Path | None = None
