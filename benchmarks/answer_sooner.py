@@ -51,7 +51,8 @@ STAGES = ("decided", "transcript", "created", "first_text", "voice_to_voice")
 SERVICES = ("asr", "tts", "gateway")
 SILENCE = {"VA_GATEWAY__END_OF_TURN": "silence"}
 UNPREPARED = {"VA_GATEWAY__PREPARE_REPLIES": "false"}
-EARLY = {"VA_VAD__PAUSE_MS": "64", "VA_VAD__TRAILING_PAD_MS": "64"}
+EARLY = {"VA_VAD__PAUSE_MS": "64", "VA_VAD__TRAILING_PAD_MS": "64"}  # the default since
+PAUSE_100 = {"VA_VAD__PAUSE_MS": "100", "VA_VAD__TRAILING_PAD_MS": "100"}  # before
 CLAUSES_ONLY = {"VA_GATEWAY__FIRST_CHUNK_PHRASE": "false"}
 ASR_ONE_THREAD = {"VA_ASR__WHISPER__CPU_THREADS": "1"}
 
@@ -65,14 +66,21 @@ def configurations() -> dict[str, tuple[dict[str, str], float | None]]:
         "smart-turn, echo, prepared (default)": ({}, None),
     }
     # the speculation (and the prepared reply) from a 64 ms pause, not 128 ms (100 ms on the
-    # VAD's 32 ms grid); Smart Turn is still first asked at 100 ms (the same grid point)
+    # VAD's 32 ms grid); Smart Turn is still first asked at 100 ms (the same grid point).
+    # 64 ms is the default since: the named rows equal the default, and the "(before)"
+    # rows run the comparison again
     configs["smart-turn, echo, prepared, speculation at 64 ms"] = (EARLY, None)
+    configs["smart-turn, echo, prepared, pause 100 ms (before)"] = (PAUSE_100, None)
     # the naive baseline with a real agent: what the default install answered before
     configs["silence 600 ms, openai TTFT 300 ms"] = ({**SILENCE, **UNPREPARED}, 300.0)
     for ttft in (0, 300, 600):
         configs[f"smart-turn, openai TTFT {ttft} ms"] = (UNPREPARED, float(ttft))
         configs[f"smart-turn, openai TTFT {ttft} ms, prepared"] = ({}, float(ttft))
     configs["smart-turn, openai TTFT 300 ms, prepared, speculation at 64 ms"] = (EARLY, 300.0)
+    configs["smart-turn, openai TTFT 300 ms, prepared, pause 100 ms (before)"] = (
+        PAUSE_100,
+        300.0,
+    )
     # before the first chunk could be cut before a phrase: at a clause or sentence end only
     configs["smart-turn, echo, prepared, first chunk at clauses only"] = (CLAUSES_ONLY, None)
     configs["smart-turn, openai TTFT 300 ms, prepared, first chunk at clauses only"] = (

@@ -211,6 +211,12 @@ CONFIGS: dict[str, dict[str, str]] = {
         "VA_VAD__PAUSE_MS": "64",
         "VA_VAD__TRAILING_PAD_MS": "64",
     },
+    # 64 ms is the default since (the row above equals "smart-turn"): the comparison again
+    "smart-turn, pause 100 ms (before)": {
+        "VA_GATEWAY__END_OF_TURN": "smart-turn",
+        "VA_VAD__PAUSE_MS": "100",
+        "VA_VAD__TRAILING_PAD_MS": "100",
+    },
     # before the least silence (VA_GATEWAY__END_OF_TURN_MIN_SILENCE_MS): a turn ended as
     # soon as the model and the words agreed, so a faster ASR ended turns sooner
     "smart-turn, no least silence": {
@@ -239,8 +245,8 @@ CONFIGS: dict[str, dict[str, str]] = {
         "VA_GATEWAY__END_OF_TURN_UNSURE_MS": "500",
     },
 }
-"""Each against the defaults (pause 100 ms, trailing pad 100 ms, smart-turn first asked
-at the pause and again every 200 ms, unsure 300 ms, the ASR's doubt and the no-new-words
+"""Each against the defaults (pause 64 ms, trailing pad 64 ms, smart-turn first asked
+at 100 ms of silence and again every 200 ms, unsure 300 ms, the ASR's doubt and the no-new-words
 rule off, Piper 2 threads with a 4-word first piece); `before` is how the stack ran before
 this benchmark drove those changes."""
 
