@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import mmap
 import resource
 import time
 from collections.abc import Callable
@@ -125,9 +126,14 @@ def test_process_figures_follow_the_process() -> None:
     assert figures.keys() == {"rss_bytes", "cpu_seconds"}
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     assert 10 << 20 < figures["rss_bytes"] <= peak + (4 << 20)  # the kernel updates the peak lazily
-    block = np.ones(64 << 20, dtype=np.uint8)  # 64 MiB, touched
+    # 64 MiB of fresh pages, touched: an anonymous mapping of its own, as malloc may hand
+    # out heap memory a freed block left resident (the suite's process is GBs by now)
+    block = mmap.mmap(-1, 64 << 20)
+    pages = np.frombuffer(block, dtype=np.uint8)
+    pages[:: mmap.PAGESIZE] = 1
     assert rss_bytes() - figures["rss_bytes"] > 48 << 20
-    del block
+    del pages
+    block.close()
     spin_until = time.process_time() + 0.1
     while time.process_time() < spin_until:
         pass
