@@ -55,19 +55,27 @@ def test_asr_text_is_configurable_and_the_language_passes_through() -> None:
 
 
 def test_asr_latency_is_paid_once_per_batch() -> None:
-    engine = FakeAsrEngine(FakeAsrSettings(latency_ms=80))
-    started = time.perf_counter()
+    slept: list[float] = []
+    engine = FakeAsrEngine(FakeAsrSettings(latency_ms=80), sleep=slept.append)
     heard = engine.transcribe_batch([utterance(1.0) for _ in range(5)])
-    elapsed = time.perf_counter() - started
     assert len(heard) == 5 and engine.calls == 1
-    assert 0.08 <= elapsed < 0.3  # one batch's cost, not five
+    assert slept == [pytest.approx(0.08)]  # one batch's cost, not five
+    engine.transcribe_batch([utterance(1.0)])
+    assert slept == [pytest.approx(0.08)] * 2 and engine.calls == 2
 
 
-def test_asr_without_latency_is_instant() -> None:
-    engine = FakeAsrEngine(FakeAsrSettings())
+def test_asr_latency_sleeps_by_default() -> None:
+    engine = FakeAsrEngine(FakeAsrSettings(latency_ms=30))
     started = time.perf_counter()
+    engine.transcribe_batch([utterance(0.5)])
+    assert time.perf_counter() - started >= 0.03
+
+
+def test_asr_without_latency_does_not_wait() -> None:
+    slept: list[float] = []
+    engine = FakeAsrEngine(FakeAsrSettings(), sleep=slept.append)
     engine.transcribe_batch([utterance(1.0) for _ in range(16)])
-    assert time.perf_counter() - started < 0.05
+    assert slept == [] and engine.calls == 1
 
 
 # TTS
@@ -127,15 +135,22 @@ def test_tts_stops_between_chunks_when_asked() -> None:
     assert len(list(tts().synthesize(request))) == 2
 
 
-def test_tts_first_chunk_latency() -> None:
-    engine = tts(first_chunk_latency_ms=60)
-    stream = engine.synthesize(SpeechRequest(text=THREE_WORDS, voice="fake"))
+def test_tts_first_chunk_latency_is_paid_before_the_first_chunk_only() -> None:
+    slept: list[float] = []
+    engine = FakeTtsEngine(FakeTtsSettings(first_chunk_latency_ms=60), sleep=slept.append)
+    stream = iter(engine.synthesize(SpeechRequest(text=THREE_WORDS, voice="fake")))
+    assert slept == []  # nothing paid before the first chunk is asked for
+    next(stream)
+    assert slept == [pytest.approx(0.06)]
+    assert len(list(stream)) == 4  # the other 800 ms of the 900, at once
+    assert slept == [pytest.approx(0.06)]
+
+
+def test_tts_first_chunk_latency_sleeps_by_default() -> None:
+    stream = tts(first_chunk_latency_ms=30).synthesize(SpeechRequest(text="one", voice="fake"))
     started = time.perf_counter()
     next(iter(stream))
-    first = time.perf_counter() - started
-    rest_started = time.perf_counter()
-    list(stream)
-    assert first >= 0.06 and time.perf_counter() - rest_started < 0.05
+    assert time.perf_counter() - started >= 0.03
 
 
 @pytest.mark.parametrize("rate", [8000, 16000, 24000, 48000])

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shutil
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -64,14 +63,11 @@ def _utterances() -> list[AsrInput]:
     ]
 
 
-def test_tiny_model_builds_fast_and_small(tmp_path: Path) -> None:
-    start = time.perf_counter()
+def test_tiny_model_builds_small(tmp_path: Path) -> None:
     folder = build_tiny_whisper(tmp_path / "m")
-    elapsed = time.perf_counter() - start
     size = sum(f.stat().st_size for f in folder.iterdir())
     names = {f.name for f in folder.iterdir()}
     assert {"config.json", "model.bin", "tokenizer.json", "preprocessor_config.json"} <= names
-    assert elapsed < 2.0
     assert size < 10_000_000
 
 

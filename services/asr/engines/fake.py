@@ -8,7 +8,7 @@ bus add; `latency_ms` simulates an engine of known cost per batched call.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from services.asr.engines.base import (
     AsrInput,
@@ -29,8 +29,12 @@ class FakeAsrEngine:
     model = "fake"
     device = "cpu"
 
-    def __init__(self, settings: FakeAsrSettings) -> None:
+    def __init__(
+        self, settings: FakeAsrSettings, sleep: Callable[[float], None] = time.sleep
+    ) -> None:
         self.settings = settings
+        self._sleep = sleep
+        """How the latency is paid (a test passes its own, to count it without waiting)."""
         self.calls = 0
         """Batched calls made so far."""
         self.files: list[FileRequest] = []
@@ -42,7 +46,7 @@ class FakeAsrEngine:
     def transcribe_batch(self, items: Sequence[AsrInput]) -> list[Transcript]:
         self.calls += 1
         if self.settings.latency_ms > 0:
-            time.sleep(self.settings.latency_ms / 1000)
+            self._sleep(self.settings.latency_ms / 1000)
         return [self._transcript(item) for item in items]
 
     def _transcript(self, item: AsrInput) -> Transcript:
