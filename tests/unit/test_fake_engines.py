@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -26,8 +27,10 @@ def utterance(seconds: float, language: str | None = None) -> AsrInput:
     return AsrInput(np.zeros(round(16000 * seconds), np.float32), language)
 
 
-def tts(chunk_ms: int = 200, **settings: float) -> FakeTtsEngine:
-    return FakeTtsEngine(FakeTtsSettings(**settings), chunk_ms=chunk_ms)
+def tts(
+    chunk_ms: int = 200, sleep: Callable[[float], None] = time.sleep, **settings: float
+) -> FakeTtsEngine:
+    return FakeTtsEngine(FakeTtsSettings(**settings), chunk_ms=chunk_ms, sleep=sleep)
 
 
 def chunks(engine: FakeTtsEngine, text: str, speed: float = 1.0) -> list[AudioF32]:
@@ -137,7 +140,7 @@ def test_tts_stops_between_chunks_when_asked() -> None:
 
 def test_tts_first_chunk_latency_is_paid_before_the_first_chunk_only() -> None:
     slept: list[float] = []
-    engine = FakeTtsEngine(FakeTtsSettings(first_chunk_latency_ms=60), sleep=slept.append)
+    engine = tts(first_chunk_latency_ms=60, sleep=slept.append)
     stream = iter(engine.synthesize(SpeechRequest(text=THREE_WORDS, voice="fake")))
     assert slept == []  # nothing paid before the first chunk is asked for
     next(stream)
