@@ -122,6 +122,7 @@ class Load:
                 done = await client.wait_for("response.done", TURN_TIMEOUT_S)
         except TimeoutError:
             record.status = "timeout"
+            record.errors = [str(e.get("error", e))[:120] for e in received.of_type("error")]
             return False
         record.done_at = time.monotonic()
         record.status = str(done.get("status"))

@@ -6,6 +6,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -236,3 +237,77 @@ async def test_a_live_workers_long_job_is_never_reclaimed(
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await redis.aclose()
+
+
+class _LosingTouches(JobStream):
+    """A job stream whose touches are lost while `losing` is set: acknowledged by a master
+    that died before its replica had them (a failover), so the worker's jobs in flight go
+    idle although the worker lives. Counts its reclaims."""
+
+    losing = True
+    reclaims = 0
+
+    async def touch(self, entry_ids: list[bytes]) -> None:
+        if not self.losing:
+            await super().touch(entry_ids)
+
+    async def reclaim(self, *args: Any, **kwargs: Any) -> list[Delivery]:
+        self.reclaims += 1
+        return await super().reclaim(*args, **kwargs)
+
+
+async def test_a_job_in_flight_is_not_reclaimed_by_its_own_worker(
+    bus: tuple[RedisSettings, Keys],
+) -> None:
+    """After a failover lost a live worker's touches, its job in flight goes idle; the
+    worker's own XAUTOCLAIM takes it back. It must neither run it a second time nor spend
+    one of its `max_deliveries` on it: a failover is no failure of the job (a drill once
+    dead-lettered a healthy turn's job that way)."""
+    settings, keys = bus
+    redis = connect(settings)
+    stream, replies = keys.jobs("asr"), f"{settings.prefix}:own-replies"
+    runs: list[bytes] = []
+    release = asyncio.Event()
+
+    async def held(delivery: Delivery) -> None:
+        runs.append(delivery.entry_id)
+        await release.wait()
+        await publish(redis, settings, replies, {b"meta": delivery.fields[b"meta"]})
+
+    jobs = _LosingTouches(redis, settings, stream, "asr", "w")
+    worker = JobWorker(jobs, keys, held, 4)
+    task = asyncio.create_task(worker.run())
+    try:
+        entry = await JobStream(redis, settings, stream, "asr", "producer").submit(job("held"))
+        async with asyncio.timeout(10):
+            while not runs:
+                await asyncio.sleep(0.02)
+        for _ in range(2):  # two reclaims past claim_idle_ms, each after the entry went idle
+            async with asyncio.timeout(10):
+                while (await _pending(redis, stream, entry))["time_since_delivered"] < 1000:
+                    await asyncio.sleep(0.05)
+            seen = jobs.reclaims
+            async with asyncio.timeout(10):
+                while jobs.reclaims == seen:
+                    await asyncio.sleep(0.02)
+        assert runs == [entry]  # run once, by the worker that still runs it
+        assert (await _pending(redis, stream, entry))["times_delivered"] == 1
+        jobs.losing = False
+        release.set()
+        async with asyncio.timeout(10):
+            while await jobs.pending_count():
+                await asyncio.sleep(0.02)
+        assert await redis.xlen(replies) == 1 and not await redis.xlen(jobs.dead_stream)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await redis.aclose()
+
+
+async def _pending(redis: Redis, stream: str, entry_id: bytes) -> dict[str, int]:
+    """The entry's idle time and delivery count; one no longer pending (acknowledged or
+    dead-lettered) reads as long idle and never delivered."""
+    rows = await redis.xpending_range(stream, "asr", min=entry_id, max=entry_id, count=1)
+    if not rows:
+        return {"time_since_delivered": 1 << 30, "times_delivered": 0}
+    return {key: int(rows[0][key]) for key in ("time_since_delivered", "times_delivered")}

@@ -4,7 +4,9 @@ Semantics (see ARCHITECTURE.md and docs/redis-ha.md):
 - a delivered entry stays pending until XACK; a worker that dies leaves it pending and
   `JobStream.reclaim` (XAUTOCLAIM) hands it to a live worker after `claim_idle_ms`, while a
   live worker keeps its entries fresh (`touch`) however long its jobs run;
-- an entry delivered more than `max_deliveries` times goes to `<stream>:dead`;
+- an entry delivered more than `max_deliveries` times goes to `<stream>:dead`; a live
+  worker's own job in flight that went idle (its touches lost in a failover) is taken back
+  without spending a delivery, and is never started a second time;
 - every job carries an idempotency key (`job_id`): a worker skips a job already marked
   done, and consumers of results drop repeats, so a reclaimed job never shows twice;
 - streams are trimmed approximately (`MAXLEN ~`) with a generous cap, so trimming
@@ -108,8 +110,13 @@ class JobStream:
         _, entries = reply[0]
         return [Delivery(entry_id, fields) for entry_id, fields in entries if fields]
 
-    async def reclaim(self, count: int) -> list[Delivery]:
-        """Take over jobs left pending by dead consumers; poison jobs go to the dead stream."""
+    async def reclaim(self, count: int, running: frozenset[bytes] = frozenset()) -> list[Delivery]:
+        """Take over jobs left pending by dead consumers; poison jobs go to the dead stream.
+
+        `running`: the entries this consumer has in flight. One of them comes back when its
+        touches were lost (acknowledged by a master that died before its replica had them):
+        its delivery count is put back (XAUTOCLAIM added one) and it is not returned, so it is
+        neither run twice nor dead-lettered while it runs."""
         reply: Any = await self.redis.xautoclaim(
             self.stream,
             self.group,
@@ -124,6 +131,8 @@ class JobStream:
         for entry_id, fields in entries:
             if not fields:  # deleted by trimming while pending
                 await self.ack(entry_id)
+            elif entry_id in running:
+                await self._give_back_delivery(entry_id)
             elif await self._times_delivered(entry_id) > self.settings.max_deliveries:
                 await self._dead_letter(entry_id, fields)
             else:
@@ -163,6 +172,22 @@ class JobStream:
             self.stream, self.group, min=entry_id, max=entry_id, count=1
         )
         return int(rows[0]["times_delivered"]) if rows else 0
+
+    async def _give_back_delivery(self, entry_id: bytes) -> None:
+        """Undo the delivery XAUTOCLAIM counted on an entry this consumer still runs (XCLAIM
+        to itself with RETRYCOUNT, JUSTID: it also counts as a touch)."""
+        times = await self._times_delivered(entry_id)
+        ids: list[Any] = [entry_id]
+        await self.redis.xclaim(
+            self.stream,
+            self.group,
+            self.consumer,
+            0,
+            ids,
+            retrycount=max(times - 1, 1),
+            justid=True,
+        )
+        log.info("job %s on %s still runs here: kept", entry_id.decode(), self.stream)
 
     async def _dead_letter(self, entry_id: bytes, fields: Fields) -> None:
         log.error(

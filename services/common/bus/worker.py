@@ -116,7 +116,8 @@ class JobWorker:
                 continue
             if time.monotonic() - self._last_reclaim > idle_s / 2:
                 self._last_reclaim = time.monotonic()
-                for delivery in await self.jobs.reclaim(free):
+                running = frozenset(self._entries.values())
+                for delivery in await self.jobs.reclaim(free, running):
                     self._spawn(delivery)
                 continue
             for delivery in await self.jobs.read(free):
