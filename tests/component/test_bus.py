@@ -242,18 +242,25 @@ async def test_a_live_workers_long_job_is_never_reclaimed(
 class _LosingTouches(JobStream):
     """A job stream whose touches are lost while `losing` is set: acknowledged by a master
     that died before its replica had them (a failover), so the worker's jobs in flight go
-    idle although the worker lives. Counts its reclaims."""
+    idle although the worker lives. Counts the reclaims that found `watched` idle past
+    `claim_idle_ms` (nothing touches it in between, so XAUTOCLAIM brings it back)."""
 
     losing = True
-    reclaims = 0
+    watched: bytes | None = None
+    due_reclaims = 0
 
     async def touch(self, entry_ids: list[bytes]) -> None:
         if not self.losing:
             await super().touch(entry_ids)
 
     async def reclaim(self, *args: Any, **kwargs: Any) -> list[Delivery]:
-        self.reclaims += 1
-        return await super().reclaim(*args, **kwargs)
+        due = False
+        if self.watched is not None:
+            row = await _pending(self.redis, self.stream, self.watched)
+            due = row["time_since_delivered"] >= self.settings.claim_idle_ms
+        claimed = await super().reclaim(*args, **kwargs)
+        self.due_reclaims += due
+        return claimed
 
 
 async def test_a_job_in_flight_is_not_reclaimed_by_its_own_worker(
@@ -282,14 +289,10 @@ async def test_a_job_in_flight_is_not_reclaimed_by_its_own_worker(
         async with asyncio.timeout(10):
             while not runs:
                 await asyncio.sleep(0.02)
-        for _ in range(2):  # two reclaims past claim_idle_ms, each after the entry went idle
-            async with asyncio.timeout(10):
-                while (await _pending(redis, stream, entry))["time_since_delivered"] < 1000:
-                    await asyncio.sleep(0.05)
-            seen = jobs.reclaims
-            async with asyncio.timeout(10):
-                while jobs.reclaims == seen:
-                    await asyncio.sleep(0.02)
+        jobs.watched = entry
+        async with asyncio.timeout(15):  # two reclaims that bring the running job back
+            while jobs.due_reclaims < 2:
+                await asyncio.sleep(0.02)
         assert runs == [entry]  # run once, by the worker that still runs it
         assert (await _pending(redis, stream, entry))["times_delivered"] == 1
         jobs.losing = False
