@@ -306,14 +306,17 @@ async def failover_drill(
                     old, killed = ha.kill_master_of(slot)
                     unreplicated = _unreplicated(killed)
                     promoted = await asyncio.to_thread(ha.wait_promotion, old, slot)
+                after_promotion = await asyncio.to_thread(ha.masters)
                 await _recovered(load, promoted, 45)
                 await asyncio.sleep(2.0)
+                masters_at_end = await asyncio.to_thread(ha.masters)
             finally:
                 load.stop.set()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(runner, TURN_TIMEOUT_S + 10)
             result = score(load, killed, promoted)
             result["killed_while_unreplicated"] = unreplicated
+            result["second_failover"] = masters_at_end != after_promotion
             result["spoken_sessions"] = spoken
             result["spoken_turns_completed"] = sum(
                 1 for t in load.turns if t.session < spoken and t.status == "completed"

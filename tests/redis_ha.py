@@ -70,6 +70,18 @@ class _Procs:
         proc.wait(timeout=10)
         return time.monotonic()
 
+    def masters(self, ports: list[int]) -> frozenset[int]:
+        """Those of `ports` still alive that say they are masters (two at once: a split
+        brain, a spurious failover under way)."""
+        found = set()
+        for port in ports:
+            if self.procs[port].poll() is not None:
+                continue
+            with contextlib.suppress(redis.RedisError, OSError):
+                if _client(port).info("replication")["role"] == "master":
+                    found.add(port)
+        return frozenset(found)
+
     def stop_all(self) -> None:
         for proc in self.procs.values():
             if proc.poll() is None:
@@ -166,6 +178,10 @@ class SentinelSet:
                 continue
         raise RuntimeError("no sentinel answers")
 
+    def masters(self) -> frozenset[int]:
+        """The data nodes that say they are masters now."""
+        return self.procs.masters(self.data_ports)
+
     def kill_master(self) -> tuple[int, float]:
         """SIGKILL the master; returns its port and when it died."""
         port = self.master_port()
@@ -249,6 +265,10 @@ class ClusterSet:
             for i in masters
         )
         return len(masters) == 3 and in_sync
+
+    def masters(self) -> frozenset[int]:
+        """The nodes that say they are masters now."""
+        return self.procs.masters(self.ports)
 
     def master_of_slot(self, slot: int) -> int:
         """The port of the master serving `slot` now."""

@@ -62,15 +62,23 @@ def check(result: dict[str, object]) -> None:
 
 
 async def drilled(kind: Kind, tmp_path: Path) -> dict[str, object]:
-    """The drill's result; run once more if its kill fell where a timed-out WAIT had let
-    writes go unreplicated (`killed_while_unreplicated`: a busy machine, between the
-    drill's check that every master replicates and the kill). Losing those writes is the
-    documented trade (docs/redis-ha.md); no turn may be lost when the kill finds every
-    acknowledged write on a replica, which is what the second run asks again."""
+    """The drill's result; run once more if it did not test what it is for:
+    - its kill fell where a timed-out WAIT had let writes go unreplicated
+      (`killed_while_unreplicated`: a busy machine, between the drill's check that every
+      master replicates and the kill);
+    - or a second, spurious failover followed the first (`second_failover`: on a busy
+      machine a sentinel or a cluster node can miss the new master's replies for its 1 s
+      timeout and depose it; until it is made a replica it takes writes, with no replica to
+      WAIT on, and loses them then: a split brain). 4 of ~150 drills did, two drills at
+      once on 2 cores.
+    Losing those writes is the documented trade (docs/redis-ha.md); no turn may be lost
+    when the kill finds every acknowledged write on a replica and one failover follows,
+    which is what the second run asks again."""
     result = await failover_drill(kind, tmp_path / "first", sessions=20)
-    if result["killed_while_unreplicated"]:
+    if result["killed_while_unreplicated"] or result["second_failover"]:
         result = await failover_drill(kind, tmp_path / "again", sessions=20)
         assert not result["killed_while_unreplicated"], result
+        assert not result["second_failover"], result
     return result
 
 
