@@ -30,7 +30,7 @@ class SwallowingStream:
     async def ensure_group(self) -> None:
         return None
 
-    async def reclaim(self, count: int) -> list[Any]:
+    async def reclaim(self, count: int, running: frozenset[bytes] = frozenset()) -> list[Any]:
         return []
 
     async def touch(self, entries: list[bytes]) -> None:
