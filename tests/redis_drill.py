@@ -33,7 +33,7 @@ from redis.crc import key_slot
 from services.asr.engines.base import Transcript
 from services.asr.engines.fake import FakeAsrEngine
 from services.asr.settings import AsrSettings
-from services.client.stream import StreamClient
+from services.client.stream import Received, StreamClient
 from services.common.bus import durable
 from services.common.bus.keys import Keys
 from services.common.bus.settings import RedisSettings
@@ -122,7 +122,7 @@ class Load:
                 done = await client.wait_for("response.done", TURN_TIMEOUT_S)
         except TimeoutError:
             record.status = "timeout"
-            record.errors = [str(e.get("error", e))[:120] for e in received.of_type("error")]
+            record.errors = _errors(received)
             return False
         record.done_at = time.monotonic()
         record.status = str(done.get("status"))
@@ -130,8 +130,13 @@ class Load:
         await asyncio.sleep(0.05)  # a repeated chunk or done would land here
         record.audio_bytes = len(received.audio)
         record.dones = len(received.of_type("response.done"))
-        record.errors = [str(e.get("error", e))[:120] for e in received.of_type("error")]
+        record.errors = _errors(received)
         return record.status == "completed"
+
+
+def _errors(received: Received) -> list[str]:
+    """The turn's error events, cut short for the report."""
+    return [str(e.get("error", e))[:120] for e in received.of_type("error")]
 
 
 @functools.cache

@@ -256,7 +256,7 @@ class _LosingTouches(JobStream):
     async def reclaim(self, *args: Any, **kwargs: Any) -> list[Delivery]:
         due = False
         if self.watched is not None:
-            row = await _pending(self.redis, self.stream, self.watched)
+            row = await _pending(self.redis, self.stream, self.group, self.watched)
             due = row["time_since_delivered"] >= self.settings.claim_idle_ms
         claimed = await super().reclaim(*args, **kwargs)
         self.due_reclaims += due
@@ -294,7 +294,7 @@ async def test_a_job_in_flight_is_not_reclaimed_by_its_own_worker(
             while jobs.due_reclaims < 2:
                 await asyncio.sleep(0.02)
         assert runs == [entry]  # run once, by the worker that still runs it
-        assert (await _pending(redis, stream, entry))["times_delivered"] == 1
+        assert (await _pending(redis, stream, "asr", entry))["times_delivered"] == 1
         jobs.losing = False
         release.set()
         async with asyncio.timeout(10):
@@ -307,10 +307,10 @@ async def test_a_job_in_flight_is_not_reclaimed_by_its_own_worker(
         await redis.aclose()
 
 
-async def _pending(redis: Redis, stream: str, entry_id: bytes) -> dict[str, int]:
+async def _pending(redis: Redis, stream: str, group: str, entry_id: bytes) -> dict[str, int]:
     """The entry's idle time and delivery count; one no longer pending (acknowledged or
     dead-lettered) reads as long idle and never delivered."""
-    rows = await redis.xpending_range(stream, "asr", min=entry_id, max=entry_id, count=1)
+    rows = await redis.xpending_range(stream, group, min=entry_id, max=entry_id, count=1)
     if not rows:
         return {"time_since_delivered": 1 << 30, "times_delivered": 0}
     return {key: int(rows[0][key]) for key in ("time_since_delivered", "times_delivered")}
