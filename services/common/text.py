@@ -3,6 +3,7 @@ TTS requests) and the TTS engines (a request → pieces rendered one by one)."""
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 CLAUSE_MARKS: Final = ",;:—–"
@@ -27,3 +28,14 @@ def ends_sentence(text: str) -> bool:
     """Whether `text` ends at a sentence mark (closing quotes aside)."""
     stripped = text.rstrip().rstrip(QUOTES)
     return bool(stripped) and stripped[-1] in SENTENCE_MARKS
+
+
+CONTROL_CHARACTERS: Final = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+"""C0 control characters but tab and line breaks, and DEL: no text to speak holds one (a NUL
+stops the engines' C code: Piper raises on it)."""
+
+
+def speakable(text: str) -> str:
+    """`text` with its control characters made spaces: what an engine is given, whatever
+    door the text came in by (the doors refuse them; an LLM's reply is not checked)."""
+    return CONTROL_CHARACTERS.sub(" ", text)

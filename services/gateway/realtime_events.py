@@ -177,7 +177,7 @@ def parse_client_event(text: str) -> tuple[str | None, ClientEvent]:
     """(event_id, event) of one client frame; RealtimeError for anything we do not take."""
     try:
         raw: Any = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:  # ValueError: JSONDecodeError, or a huge int
         raise RealtimeError("the event is not valid JSON", "invalid_json") from exc
     if not isinstance(raw, dict) or not isinstance(raw.get("type"), str):
         raise RealtimeError("an event must be an object with a string `type`", "invalid_value")

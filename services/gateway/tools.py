@@ -118,7 +118,7 @@ async def run_call(tools: dict[str, Tool], call: ToolCall, default_timeout_s: fl
         return error_output(f"there is no tool {call.name!r}")
     try:
         arguments = json.loads(call.arguments or "{}")
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON, an int past Python's digits, too deep
         metrics.TOOL_CALLS.labels("bad_arguments").inc()
         return error_output("the arguments are not valid JSON")
     if not isinstance(arguments, dict):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections import Counter
 from contextlib import aclosing
 
@@ -12,7 +13,7 @@ from fastapi import WebSocket
 from services.common.audio.pcm import float_to_pcm16, samples_to_ms
 from services.common.auth.credentials import app_subprotocol
 from services.common.auth.guard import principal_of
-from services.common.errors import CapacityError, InvalidMessage, VoiceAgentError
+from services.common.errors import CapacityError, InternalError, InvalidMessage, VoiceAgentError
 from services.common.protocol.events import (
     TTS_CLIENT_EVENTS,
     AudioDone,
@@ -26,6 +27,8 @@ from services.common.service.routes import ServiceState
 from services.common.service.ws import Channel, Disconnected
 from services.common.tenancy import DEFAULT_TENANT
 from services.tts.synthesizer import Synthesizer
+
+log = logging.getLogger(__name__)
 
 MAX_QUEUED = 32
 
@@ -85,6 +88,11 @@ class TtsStream:
                 await self._speak_one(request)
             except VoiceAgentError as exc:
                 await self.channel.send_error(exc, request.id, fatal=False)
+            except Disconnected:
+                raise
+            except Exception as exc:  # an engine's own error: this request fails, not the rest
+                log.exception("tts request %s failed", request.id)
+                await self.channel.send_error(InternalError.of(exc), request.id, fatal=False)
             finally:
                 self.pending[request.id] -= 1
                 if self.pending[request.id] <= 0:

@@ -24,6 +24,7 @@ import numpy as np
 from services.common.audio.pcm import AudioF32, StreamResampler, ms_to_samples
 from services.common.errors import CapacityError, UnknownVoice
 from services.common.tenancy import DEFAULT_TENANT
+from services.common.text import speakable
 from services.tts.engines.base import SpeechRequest, TtsEngine
 from services.tts.metrics import TTS_AUDIO_SECONDS, TTS_FIRST_AUDIO, TTS_QUEUE_WAIT, TTS_RTF
 from services.tts.voices import VoiceInfo, VoiceLibrary, is_library_id
@@ -90,7 +91,7 @@ class Synthesizer:
         """What to speak, in the resolved voice, with the style one of the doors asked for
         (`continues`: a gateway chunk that stops inside a sentence)."""
         return SpeechRequest(
-            text=text,
+            text=speakable(text),
             voice=self.resolve_voice(voice),
             speed=asked.speed,
             exaggeration=asked.exaggeration,

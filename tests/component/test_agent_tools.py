@@ -89,6 +89,7 @@ async def test_a_call_that_goes_wrong_is_an_error_result_never_an_exception() ->
     ok = json.loads(await output("get_weather", '{"city": "Oslo", "unit": "fahrenheit"}'))
     assert ok == {"city": "Oslo", "sky": "sunny", "degrees": 70}
     assert "not valid JSON" in await output("get_weather", '{"city": ')
+    assert "not valid JSON" in await output("get_weather", '{"city": ' + "7" * 5000 + "}")
     assert "must be a JSON object" in await output("get_weather", "[1]")
     invalid = json.loads(await output("get_weather", '{"city": "Oslo", "unit": "kelvin"}'))
     assert invalid["error"].startswith("invalid arguments: unit:")

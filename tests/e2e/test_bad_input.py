@@ -58,6 +58,8 @@ GATEWAY_NON_FATAL: list[tuple[str, str | bytes, str]] = [
     ("create-empty", '{"type": "response.create", "text": ""}', "invalid_message"),
     ("create-blank", '{"type": "response.create", "text": "   "}', "invalid_message"),
     ("deep-json", "[" * 100_000, "invalid_message"),
+    ("huge-int", '{"type": "response.create", "n": ' + "1" * 5000 + "}", "invalid_message"),
+    ("nul-text", '{"type": "conversation.text", "text": "hi\\u0000"}', "invalid_message"),
     ("session-not-object", '{"type": "session.update", "session": "fast"}', "invalid_message"),
     (
         "unknown-agent",
@@ -277,6 +279,7 @@ ASR_NON_FATAL: list[tuple[str, str | bytes, str]] = [
     ("json-array", "[]", "invalid_message"),
     ("type-not-string", '{"type": 1}', "invalid_message"),
     ("deep-json", "[" * 100_000, "invalid_message"),
+    ("huge-int", '{"type": "commit", "n": ' + "1" * 5000 + "}", "invalid_message"),
     ("unknown-type", '{"type": "speak", "text": "hi"}', "invalid_message"),
     ("odd-pcm", bytes(321), "invalid_audio"),
     ("empty-pcm", b"", "invalid_audio"),
@@ -391,6 +394,8 @@ TTS_NON_FATAL: list[tuple[str, str | bytes, str, str | None]] = [
     ("cancel-empty-id", '{"type": "cancel", "id": ""}', "invalid_message", None),
     ("cancel-long-id", json.dumps({"type": "cancel", "id": "x" * 129}), "invalid_message", None),
     ("deep-json", "[" * 100_000, "invalid_message", None),
+    ("huge-int", '{"type": "speak", "n": ' + "1" * 5000 + "}", "invalid_message", None),
+    ("nul-text", '{"type": "speak", "id": "n", "text": "a\\u0000b"}', "invalid_message", "n"),
     (
         "unknown-voice",
         '{"type": "speak", "id": "r2", "text": "hi", "voice": "no-such-voice"}',
@@ -595,6 +600,7 @@ def test_rest_transcription_still_works(asr_http: httpx.Client) -> None:
         ({"model": "tts-1", "voice": "alloy", "input": "hi", "speed": 9}, "speed"),
         ({"model": "tts-1", "voice": "alloy", "input": "a" * 5000}, "4096"),
         ({"model": "tts-1", "voice": "alloy", "input": "hi", "sample_rate": 1}, "sample_rate"),
+        ({"model": "tts-1", "voice": "alloy", "input": "hi\u0000 there"}, "control characters"),
     ],
     ids=[
         "empty-input",
@@ -605,6 +611,7 @@ def test_rest_transcription_still_works(asr_http: httpx.Client) -> None:
         "bad-speed",
         "too-long",
         "rate",
+        "nul-input",
     ],
 )
 def test_rest_speech_bad_body(tts_http: httpx.Client, body: Json, needle: str) -> None:

@@ -54,6 +54,7 @@ def test_unknown_fields_are_ignored() -> None:
         ('{"type":"session.update","session":{"voice":" "}}', "session.voice"),
         ('{"type":"session.update","session":{"language":""}}', "session.language"),
         ("[" * 100_000, "nested too deeply"),
+        ('{"type":"commit","x":' + "1" * 5000 + "}", "not valid JSON: .*digits"),
         ('{"type":"conversation.text","text":"hi","x":' + "[" * 100_000 + "}", "too deeply"),
     ],
 )

@@ -21,16 +21,20 @@ from pydantic import (
 
 from services.common.audio.pcm import SampleRate
 from services.common.errors import InvalidMessage, UnsupportedSampleRate
+from services.common.text import CONTROL_CHARACTERS
 
 
 def _not_blank(value: str) -> str:
     if not value.strip():
         raise ValueError("must not be empty or only whitespace")
+    if CONTROL_CHARACTERS.search(value):
+        raise ValueError("must not hold control characters (NUL, ESC...)")
     return value
 
 
 NOT_BLANK = AfterValidator(_not_blank)
-"""Text that must say something: `Annotated[str, Field(max_length=N), NOT_BLANK]`."""
+"""Text that must say something, in characters that are text: `Annotated[str,
+Field(max_length=N), NOT_BLANK]`."""
 
 
 class Event(BaseModel):
@@ -450,6 +454,8 @@ def parse_tagged(
         raw: Any = json.loads(text)
     except json.JSONDecodeError as exc:
         raise error(f"not valid JSON: {exc.msg}") from exc
+    except ValueError as exc:  # an integer of more digits than Python converts
+        raise error(f"not valid JSON: {exc}") from exc
     except RecursionError as exc:
         raise error("not valid JSON: nested too deeply") from exc
     if not isinstance(raw, dict) or not isinstance(raw.get(tag), str):
