@@ -65,7 +65,7 @@ def create_app(settings: AsrSettings, engine: AsrEngine | None = None) -> FastAP
         hearing["vad"] = HearingBatcher(await asyncio.to_thread(SileroVad))
         state.model_loaded = True
         consumer = unique_consumer_name("asr")
-        handler = AsrJobHandler(batcher, redis, settings.redis)
+        handler = AsrJobHandler(batcher, redis, settings.redis, section.max_utterance_s)
         shards = consumed_shards(settings.redis)
         per_shard = -(-section.consumers // len(shards))  # the slots split over the shards
         workers = [
@@ -97,7 +97,7 @@ def create_app(settings: AsrSettings, engine: AsrEngine | None = None) -> FastAP
     app = FastAPI(title="voice-agent ASR", lifespan=lifespan)
     install_ops(app, state)
     install_auth(app, settings.auth, redis, settings.redis.prefix, "asr")
-    app.include_router(router(models, int(section.max_upload_mb * 1024 * 1024)))
+    app.include_router(router(models, int(section.max_upload_mb * 1024 * 1024), section.max_file_s))
 
     @app.websocket("/v1/stream/asr")
     async def asr_stream(

@@ -14,22 +14,34 @@ from services.common.audio.pcm import pcm16_to_float, resample
 from services.common.bus.messages import AsrJob
 from services.common.bus.settings import RedisSettings
 from services.common.bus.streams import Delivery, publish
-from services.common.errors import VoiceAgentError
+from services.common.errors import InvalidAudio, VoiceAgentError
 
 
 class AsrJobHandler:
     """Transcribes one job through the batcher and publishes the result."""
 
-    def __init__(self, batcher: Batcher, redis: Redis, settings: RedisSettings) -> None:
+    def __init__(
+        self,
+        batcher: Batcher,
+        redis: Redis,
+        settings: RedisSettings,
+        max_utterance_s: float = 30.0,
+    ) -> None:
         self.batcher = batcher
         self.redis = redis
         self.settings = settings
+        self.max_utterance_s = max_utterance_s
 
     async def __call__(self, delivery: Delivery) -> None:
         job = AsrJob.model_validate_json(delivery.fields[b"meta"])
         started = time.perf_counter()
         try:
             audio = pcm16_to_float(delivery.fields.get(b"audio", b""))
+            if audio.size > self.max_utterance_s * job.sample_rate:
+                raise InvalidAudio(
+                    f"the job holds {audio.size / job.sample_rate:.1f} s of audio; "
+                    f"at most {self.max_utterance_s:g} s (VA_ASR__MAX_UTTERANCE_S)"
+                )
             rate = self.batcher.engine.sample_rate
             if job.sample_rate != rate:
                 audio = await asyncio.to_thread(resample, audio, job.sample_rate, rate)

@@ -47,7 +47,7 @@ class UploadTooLarge(InvalidAudio):
     http_status = 413
 
 
-def router(models: AsrModels, max_upload_bytes: int) -> APIRouter:
+def router(models: AsrModels, max_upload_bytes: int, max_file_s: float) -> APIRouter:
     """The REST routes of the ASR service."""
     api = APIRouter()
 
@@ -79,7 +79,7 @@ def router(models: AsrModels, max_upload_bytes: int) -> APIRouter:
         if len(data) > max_upload_bytes:
             raise UploadTooLarge(f"the upload exceeds the limit of {max_upload_bytes} bytes")
         rate = models.default_batcher.engine.sample_rate
-        audio, source_rate = await asyncio.to_thread(decode_file_rate, data, rate)
+        audio, source_rate = await asyncio.to_thread(decode_file_rate, data, rate, max_file_s)
         meter = meter_of(request)  # the whole file counts before it is transcribed
         await meter.add_ms(1000 * audio.size / rate)
         await meter.flush()

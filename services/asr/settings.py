@@ -125,10 +125,15 @@ class AsrSection(EngineSection):
     """Most utterances waiting for the model; more are refused with `capacity`."""
     max_wait_ms: float = Field(default=0.0, ge=0.0, le=1000.0)
     """Optional wait for a batch to fill once the model is free (0: never wait)."""
-    max_utterance_s: float = Field(default=30.0, ge=1.0, le=600.0)
-    """Longest utterance accepted by a job or the stream."""
+    max_utterance_s: float = Field(default=30.0, ge=1.0, le=30.0)
+    """Longest utterance a Redis job may carry; a longer one is refused (`invalid_audio`)
+    rather than cut: Whisper hears 30 s at a time. The gateway and `/v1/stream/asr` split
+    utterances at `VA_VAD__MAX_UTTERANCE_S`."""
     max_upload_mb: float = Field(default=25.0, ge=0.1, le=1024)
     """Largest file `POST /v1/audio/transcriptions` accepts."""
+    max_file_s: float = Field(default=7200.0, ge=1.0, le=86_400.0)
+    """Most audio in one file the REST doors transcribe: decoding stops there (25 MB of a
+    low bitrate can hold a day; each hour decoded takes ~230 MB of memory)."""
     speculative_finals: bool = True
     """`/v1/stream/asr`: start a segment's final at a pause (`VA_VAD__PAUSE_MS`) and keep it
     if no speech follows, so the final is (nearly) ready when the silence ends the segment."""

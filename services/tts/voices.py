@@ -94,7 +94,9 @@ def decode_clip(data: bytes, settings: VoiceLibrarySettings) -> tuple[AudioF32, 
     """Decode and validate an upload; blocking (PyAV): call it off the event loop."""
     if len(data) > settings.max_upload_bytes:
         raise InvalidAudio(f"the upload exceeds {settings.max_upload_bytes} bytes")
-    samples = decode_file(data, settings.sample_rate)
+    # twice the longest clip: a longer one gets check_clip's message, and a small file of a
+    # low bitrate that holds hours stops decoding early
+    samples = decode_file(data, settings.sample_rate, max_seconds=2 * settings.max_duration_s)
     stats = analyze(samples, settings.sample_rate)
     check_clip(stats, settings)
     return samples, stats

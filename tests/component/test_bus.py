@@ -14,6 +14,7 @@ from redis.exceptions import ResponseError
 
 from services.common.bus.connection import connect
 from services.common.bus.keys import Keys
+from services.common.bus.messages import AsrJob
 from services.common.bus.settings import RedisSettings
 from services.common.bus.streams import Delivery, JobStream, publish
 from services.common.bus.worker import JobWorker
@@ -53,12 +54,23 @@ async def test_dead_consumer_jobs_are_reclaimed(bus: tuple[RedisSettings, Keys])
     await redis.aclose()
 
 
+def owned_job(job_id: str, **meta: Any) -> dict[bytes, bytes]:
+    """A job whose meta says where its owner listens (as the gateway's jobs do)."""
+    owner = {"job_id": job_id, "session_id": "s1", "reply_to": "owner:results"}
+    return {b"meta": json.dumps({**owner, **meta}).encode()}
+
+
+async def _failures(redis: Redis) -> list[dict[str, Any]]:
+    return [json.loads(f[b"meta"]) for _, f in await redis.xrange("owner:results")]
+
+
 async def test_poison_job_goes_to_dead_letter_stream(bus: tuple[RedisSettings, Keys]) -> None:
+    """A job its workers died on `max_deliveries` times is set aside, and its owner told."""
     settings, keys = bus
     redis = connect(settings)
     stream = JobStream(redis, settings, keys.jobs("tts"), "tts", "w")
     await stream.ensure_group()
-    await stream.submit(job("poison"))
+    await stream.submit(owned_job("poison", response_id="r1", seq=2))
     await stream.read(1, block_ms=100)  # delivery 1
     for _ in range(2):  # deliveries 2 and 3 by reclaim; max_deliveries=2
         await asyncio.sleep(1.05)
@@ -68,7 +80,54 @@ async def test_poison_job_goes_to_dead_letter_stream(bus: tuple[RedisSettings, K
     dead = await redis.xrange(stream.dead_stream)
     assert len(dead) == 1 and json.loads(dead[0][1][b"meta"])["job_id"] == "poison"
     assert await stream.pending_count() == 0
+    (failed,) = await _failures(redis)
+    assert failed["kind"] == "job.failed" and failed["code"] == "internal", failed
+    assert (failed["job_id"], failed["response_id"], failed["seq"]) == ("poison", "r1", 2)
     await redis.aclose()
+
+
+async def test_a_job_its_handler_cannot_run_is_answered_failed_not_retried(
+    bus: tuple[RedisSettings, Keys],
+) -> None:
+    """An error a retry would meet again (a job that does not validate, an engine's error on
+    its input) is answered `job.failed` at once and acknowledged; Redis out of reach is not
+    such an error (test_worker_survives_a_redis_restart)."""
+    settings, keys = bus
+    redis = connect(settings)
+    stream = keys.jobs("asr")
+    runs: list[str] = []
+
+    async def handle(delivery: Delivery) -> None:
+        meta = json.loads(delivery.fields[b"meta"])
+        runs.append(meta["job_id"])
+        if meta["job_id"] == "malformed":
+            AsrJob.model_validate_json(delivery.fields[b"meta"])
+        raise ValueError("embedded null character")
+
+    worker = JobWorker(JobStream(redis, settings, stream, "asr", "w"), keys, handle, 4)
+    producer = JobStream(redis, settings, stream, "asr", "producer")
+    task = asyncio.create_task(worker.run())
+    try:
+        await producer.submit(owned_job("malformed", utterance_id="u1", sample_rate=7))
+        await producer.submit(owned_job("engine-error", utterance_id="u2"))
+        async with asyncio.timeout(10):
+            while len(await _failures(redis)) < 2:
+                await asyncio.sleep(0.02)
+        failures = {f["job_id"]: f for f in await _failures(redis)}
+        assert failures["malformed"]["code"] == "invalid_message"
+        assert failures["malformed"]["message"].startswith("malformed job: sample_rate: ")
+        assert failures["engine-error"]["code"] == "internal"
+        assert failures["engine-error"]["message"] == "internal error (ValueError)"
+        assert failures["engine-error"]["utterance_id"] == "u2"
+        async with asyncio.timeout(10):
+            while await producer.pending_count():
+                await asyncio.sleep(0.02)
+        assert sorted(runs) == ["engine-error", "malformed"]  # once each: acknowledged
+        assert await JobStream(redis, settings, stream, "asr", "w").is_done("malformed", keys)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await redis.aclose()
 
 
 async def test_worker_crash_loses_no_job_and_repeats_nothing(

@@ -14,7 +14,7 @@ from services.asr.batcher import Batcher
 from services.asr.consumer import AsrJobHandler
 from services.asr.engines.base import AsrInput, Transcript
 from services.common.audio.pcm import float_to_pcm16
-from services.common.bus.messages import AsrJob, AsrResult
+from services.common.bus.messages import AsrJob, AsrResult, JobFailed
 from services.common.bus.settings import RedisSettings
 from services.common.bus.streams import Delivery
 
@@ -67,3 +67,25 @@ def test_a_job_s_audio_reaches_the_engine_at_its_rate_with_its_source_rate(
     assert item.source_rate == heard_as
     assert item.audio.size == 8000  # half a second at the engine's 16 kHz
     assert AsrResult.model_validate_json(published[0][b"meta"]).text == "hello"
+
+
+def test_a_job_longer_than_the_limit_is_refused_not_cut(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whisper hears 30 s at a time: a longer job would lose its end without a word."""
+    published: list[dict[bytes, bytes]] = []
+
+    async def publish(
+        _redis: Any, _settings: Any, _stream: str, fields: Any, durable: bool
+    ) -> None:
+        published.append(fields)
+
+    monkeypatch.setattr(consumer, "publish", publish)
+    batcher = _Batcher()
+    handler = AsrJobHandler(cast(Batcher, batcher), cast(Redis, None), RedisSettings(), 5.0)
+    job = AsrJob(job_id="a", session_id="s", utterance_id="u", reply_to="replies")
+    for seconds in (5.0, 5.5):
+        audio = float_to_pcm16(np.zeros(int(16000 * seconds), np.float32))
+        asyncio.run(handler(Delivery(b"1-0", {b"meta": job.dump(), b"audio": audio})))
+    assert len(batcher.heard) == 1  # the 5 s job; the 5.5 s one never reached the engine
+    failed = JobFailed.model_validate_json(published[1][b"meta"])
+    assert (failed.code, failed.utterance_id) == ("invalid_audio", "u")
+    assert "5.5 s of audio; at most 5 s" in failed.message

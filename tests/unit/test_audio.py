@@ -86,6 +86,15 @@ def test_undecodable_uploads_are_invalid_audio(data: bytes) -> None:
         audio.decode_file(data, 16000)
 
 
+def test_decoding_stops_past_the_longest_file() -> None:
+    """A small file of a low bitrate can hold hours: decoding stops at `max_seconds`."""
+    data = audio.encode_audio(np.zeros(8000 * 60, np.float32), 8000, "flac")  # a minute
+    assert len(data) < 20_000
+    assert audio.decode_file(data, 16000, max_seconds=61).size == 16000 * 60
+    with pytest.raises(InvalidAudio, match="more than 10 s of audio"):
+        audio.decode_file(data, 16000, max_seconds=10)
+
+
 def test_ms_sample_conversions() -> None:
     assert audio.ms_to_samples(20, 16000) == 320
     assert audio.samples_to_ms(24000, 24000) == 1000

@@ -6,6 +6,7 @@ All internal audio is mono float32 in [-1, 1]; the wire carries PCM16 little-end
 from __future__ import annotations
 
 import io
+import itertools
 from typing import Any, Final, Literal, get_args
 
 import numpy as np
@@ -106,19 +107,25 @@ def _pyav() -> Any:
     return av
 
 
-def decode_file(data: bytes, target_rate: int) -> AudioF32:
+def decode_file(data: bytes, target_rate: int, max_seconds: float | None = None) -> AudioF32:
     """Decode any container/codec PyAV knows (wav, mp3, flac, ogg, webm, ...) to mono float.
 
-    Raises InvalidAudio for empty or undecodable input.
+    Raises InvalidAudio for empty or undecodable input, and for one longer than
+    `max_seconds` (decoding stops there: a small file of a low bitrate can hold hours).
     """
-    return decode_file_rate(data, target_rate)[0]
+    return decode_file_rate(data, target_rate, max_seconds)[0]
 
 
-def decode_file_rate(data: bytes, target_rate: int) -> tuple[AudioF32, int]:
+def decode_file_rate(
+    data: bytes, target_rate: int, max_seconds: float | None = None
+) -> tuple[AudioF32, int]:
     """`decode_file`, and the file's own sample rate (8000: a phone recording)."""
     if not data:
         raise InvalidAudio("the uploaded file is empty")
     av = _pyav()
+    most = None if max_seconds is None else int(max_seconds * target_rate)
+    parts: list[AudioF32] = []
+    decoded = 0
     try:
         with av.open(io.BytesIO(data), mode="r") as container:
             if not container.streams.audio:
@@ -126,12 +133,15 @@ def decode_file_rate(data: bytes, target_rate: int) -> tuple[AudioF32, int]:
             stream = container.streams.audio[0]
             source_rate = int(stream.rate or target_rate)
             resampler = av.AudioResampler(format="flt", layout="mono", rate=target_rate)
-            parts = [
-                out.to_ndarray().reshape(-1)
-                for frame in container.decode(stream)
-                for out in resampler.resample(frame)
-            ]
-            parts.extend(out.to_ndarray().reshape(-1) for out in resampler.resample(None))
+            frames = itertools.chain(container.decode(stream), [None])  # None: the flush
+            for frame in frames:
+                for out in resampler.resample(frame):
+                    parts.append(out.to_ndarray().reshape(-1))
+                    decoded += parts[-1].size
+                if most is not None and decoded > most:
+                    raise InvalidAudio(
+                        f"the uploaded file holds more than {max_seconds:g} s of audio"
+                    )
     except InvalidAudio:
         raise
     except (av.FFmpegError, ValueError, IndexError) as exc:

@@ -20,8 +20,13 @@ import numpy as np
 
 from services.common.audio.pcm import ENCODINGS, AudioF32, float_to_pcm16
 
-OPUS_RATES: Final = frozenset({8000, 12000, 16000, 24000, 48000})
-"""The rates Opus encodes at; audio at another rate must be resampled first."""
+CODEC_RATES: Final[dict[str, tuple[int, ...]]] = {
+    "opus": (8000, 12000, 16000, 24000, 48000),
+    "mp3": (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000),
+    "aac": (7350, 8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000),
+}
+"""The rates each codec that has a set of them encodes at (FFmpeg's libopus, libmp3lame and
+aac refuse others); audio at another rate must be resampled first."""
 _OPTIONS: Final = {"ogg": {"page_duration": "20000"}}
 """Muxer options per container: Ogg closes a page every 20 ms (its default is 1 s)."""
 
@@ -43,11 +48,13 @@ class _Sink:
 
 
 def stream_rate(response_format: str, rate: int) -> int:
-    """The rate to synthesize at for a streamed `response_format` asked at `rate`
-    (Opus takes only its own rates: 24 kHz stands in for the others)."""
-    if response_format == "opus" and rate not in OPUS_RATES:
-        return 24000
-    return rate
+    """The rate to synthesize at for a streamed `response_format` asked at `rate`: a codec
+    that lacks `rate` takes the nearest of its own at or above it (none of the band asked
+    for is lost; 9000 Hz in mp3 is 11025)."""
+    rates = CODEC_RATES.get(response_format)
+    if rates is None or rate in rates:
+        return rate
+    return next((own for own in rates if own >= rate), rates[-1])
 
 
 class StreamEncoder:
@@ -57,8 +64,8 @@ class StreamEncoder:
     def __init__(self, response_format: str, rate: int) -> None:
         if response_format != "pcm" and response_format not in ENCODINGS:
             raise ValueError(f"no streaming encoder for {response_format!r}")
-        if response_format == "opus" and rate not in OPUS_RATES:
-            raise ValueError(f"Opus does not encode at {rate} Hz (use stream_rate)")
+        if stream_rate(response_format, rate) != rate:
+            raise ValueError(f"{response_format} does not encode at {rate} Hz (use stream_rate)")
         self.response_format = response_format
         self.rate = rate
         self._sink = _Sink()

@@ -6,10 +6,12 @@ and, where there is audio, `audio` (raw PCM16 bytes; never base64).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import json
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from services.common.audio.pcm import SampleRate
 from services.common.tenancy import DEFAULT_TENANT
 
 
@@ -34,8 +36,8 @@ class AsrJob(BusMessage):
     utterance_id: str
     reply_to: str
     mode: Literal["final", "partial"] = "final"
-    sample_rate: int = 16000
-    source_rate: int | None = None
+    sample_rate: SampleRate = 16000
+    source_rate: SampleRate | None = None
     """The rate the speech was captured at (the session's input rate: a phone's 8 kHz);
     `sample_rate` is the rate of the audio the job carries."""
     language: str | None = None
@@ -88,7 +90,7 @@ class TtsJob(BusMessage):
     seq: int = Field(ge=0)
     text: str
     voice: str
-    sample_rate: int
+    sample_rate: SampleRate
     reply_to: str
     speed: float = 1.0
     exaggeration: float | None = None
@@ -184,3 +186,34 @@ class JobFailed(BusMessage):
 
 BusResult = Annotated[AsrResult | TtsChunk | TtsDone | JobFailed, Field(discriminator="kind")]
 RESULTS: TypeAdapter[BusResult] = TypeAdapter(BusResult)
+
+
+def failure_of(meta: bytes, code: str, message: str) -> tuple[str, JobFailed] | None:
+    """Where to tell a job's owner that it failed, and the `JobFailed` to tell it, read from
+    the job's raw `meta` (which may not validate as its model: that can be why it failed).
+    None when the meta does not say where its owner listens."""
+    try:
+        raw: Any = json.loads(meta)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(raw, dict):
+        return None
+    reply_to, job_id, session_id = raw.get("reply_to"), raw.get("job_id"), raw.get("session_id")
+    if not (isinstance(reply_to, str) and isinstance(job_id, str) and isinstance(session_id, str)):
+        return None
+
+    def text(name: str) -> str | None:
+        value = raw.get(name)
+        return value if isinstance(value, str) else None
+
+    seq = raw.get("seq")
+    failed = JobFailed(
+        job_id=job_id,
+        session_id=session_id,
+        code=code,
+        message=message,
+        response_id=text("response_id"),
+        utterance_id=text("utterance_id"),
+        seq=seq if isinstance(seq, int) and not isinstance(seq, bool) else None,
+    )
+    return reply_to, failed

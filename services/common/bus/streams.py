@@ -4,7 +4,10 @@ Semantics (see ARCHITECTURE.md and docs/redis-ha.md):
 - a delivered entry stays pending until XACK; a worker that dies leaves it pending and
   `JobStream.reclaim` (XAUTOCLAIM) hands it to a live worker after `claim_idle_ms`, while a
   live worker keeps its entries fresh (`touch`) however long its jobs run;
-- an entry delivered more than `max_deliveries` times goes to `<stream>:dead`; a live
+- a job whose handler fails for a reason a retry would meet again (its own input, a bug)
+  is answered `job.failed` and acknowledged, not retried; one delivered more than
+  `max_deliveries` times (its worker died on it each time) goes to `<stream>:dead`, and its
+  owner is told `job.failed` too; a live
   worker's own job in flight that went idle (its touches lost in a failover) is taken back
   without spending a delivery, and is never started a second time;
 - every job carries an idempotency key (`job_id`): a worker skips a job already marked
@@ -33,6 +36,7 @@ from redis.exceptions import ResponseError
 
 from services.common.bus.durable import Fields, durable_write, xadd_command
 from services.common.bus.keys import Keys, dead_letter
+from services.common.bus.messages import failure_of
 from services.common.bus.settings import RedisSettings
 
 log = logging.getLogger(__name__)
@@ -202,6 +206,8 @@ class JobStream:
             maxlen=self.settings.job_stream_maxlen,
             approximate=True,
         )
+        given_up = f"the job failed {self.settings.max_deliveries} times: given up"
+        await tell_failed(self.redis, self.settings, fields, "internal", given_up)
         await self.ack(entry_id)
 
 
@@ -219,6 +225,19 @@ async def publish(
         ("EXPIRE", stream, settings.job_ttl_s),
     ]
     await durable_write(redis, settings, stream, commands, durable)
+
+
+async def tell_failed(
+    redis: Redis, settings: RedisSettings, fields: Fields, code: str, message: str
+) -> bool:
+    """Publish `job.failed` for the job of these entry fields to its owner's result stream;
+    False when its meta does not say where that is (the failure then stays in the log)."""
+    failure = failure_of(fields.get(b"meta", b""), code, message)
+    if failure is None:
+        return False
+    reply_to, failed = failure
+    await publish(redis, settings, reply_to, {b"meta": failed.dump()})
+    return True
 
 
 async def cancel(redis: Redis, keys: Keys, settings: RedisSettings, response_id: str) -> None:

@@ -1,7 +1,10 @@
 """A Redis job worker: reads a job stream, runs jobs concurrently, acks them once done.
 
 At-least-once: a job is acknowledged only after its handler returned and its
-idempotency mark was set; a crash before that leaves it pending for XAUTOCLAIM.
+idempotency mark was set; a crash before that, or Redis out of reach, leaves it pending
+for XAUTOCLAIM. A handler that raises anything else (a job it cannot validate, an
+engine's error on this input, a bug) would raise it again on every retry: its job is
+answered `job.failed` and acknowledged at once.
 """
 
 from __future__ import annotations
@@ -12,11 +15,12 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from redis.exceptions import ResponseError
+from pydantic import ValidationError
+from redis.exceptions import RedisError, ResponseError
 
 from services.common.bus.connection import REDIS_DOWN
 from services.common.bus.keys import Keys
-from services.common.bus.streams import Delivery, JobStream
+from services.common.bus.streams import Delivery, JobStream, tell_failed
 
 log = logging.getLogger(__name__)
 
@@ -146,9 +150,32 @@ class JobWorker:
             await self.jobs.ack(delivery.entry_id)
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except (*REDIS_DOWN, RedisError):
             # Left pending: XAUTOCLAIM retries it, and dead-letters it after max_deliveries.
             log.exception("job %s on %s failed", job_id, self.jobs.stream)
+        except Exception as exc:
+            if _being_cancelled():
+                raise asyncio.CancelledError from exc
+            log.exception("job %s on %s failed: answered as failed", job_id, self.jobs.stream)
+            await self._fail(delivery, job_id, exc)
+
+    async def _fail(self, delivery: Delivery, job_id: str | None, exc: Exception) -> None:
+        """Tell the owner of a job its handler could not run, then acknowledge it."""
+        if isinstance(exc, ValidationError):
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"])
+            code, message = "invalid_message", f"malformed job: {where}: {first['msg']}"
+        else:
+            code, message = "internal", f"internal error ({type(exc).__name__})"
+        try:
+            await tell_failed(self.jobs.redis, self.jobs.settings, delivery.fields, code, message)
+            if job_id is not None:
+                await self.jobs.mark_done(job_id, self.keys)
+            await self.jobs.ack(delivery.entry_id)
+        except (*REDIS_DOWN, RedisError) as down:  # left pending: a retry fails it again
+            log.warning(
+                "job %s on %s: could not answer its failure: %s", job_id, self.jobs.stream, down
+            )
 
     async def drain(self, timeout_s: float) -> None:
         """Wait for jobs in flight to finish (shutdown)."""
