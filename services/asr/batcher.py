@@ -9,8 +9,9 @@ meanwhile stops it; its partials go back to the head of their queue. A final bat
 free slots are filled with partials.
 
 Whole-file work (a REST upload with timestamps, a prompt, a translation: `run_alone`)
-runs on the same model thread, one file at a time, whenever no utterance is waiting:
-the streaming doors' utterances always go first.
+runs on the same model thread, one file at a time, a step (a 30 s window) at a time,
+each step whenever no utterance is waiting: the streaming doors' utterances always go
+first, and wait for at most one step of a long file.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import asyncio
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Generator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
@@ -49,6 +50,25 @@ T = TypeVar("T")
 
 
 @dataclass(slots=True)
+class _Alone:
+    """Whole-file work: its steps, its caller's future, the model time it has taken."""
+
+    steps: Generator[Any, None, Any]
+    future: asyncio.Future[Any]
+    seconds: float = 0.0
+
+
+def _step(steps: Generator[Any, None, Any]) -> tuple[bool, Any]:
+    """One step on the model thread: (finished, the return value). StopIteration cannot
+    cross into an asyncio future, so it is caught here."""
+    try:
+        next(steps)
+    except StopIteration as done:
+        return True, done.value
+    return False, None
+
+
+@dataclass(slots=True)
 class _Waiting:
     item: AsrInput
     mode: Mode
@@ -68,7 +88,7 @@ class Batcher:
         self.max_wait_s = max_wait_ms / 1000
         self._finals: deque[_Waiting] = deque()
         self._partials: deque[_Waiting] = deque()
-        self._alone: deque[tuple[Callable[[], Any], asyncio.Future[Any]]] = deque()
+        self._alone: deque[_Alone] = deque()
         self._wakeup = asyncio.Event()
         self._full = asyncio.Event()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="asr-model")
@@ -94,14 +114,17 @@ class Batcher:
             self._full.set()
         return await waiting.future
 
-    async def run_alone(self, work: Callable[[], T]) -> T:
-        """Run `work` (blocking, on the model) by itself on the model thread once no
-        utterance waits; its result or exception comes back. Full queue: CapacityError."""
+    async def run_alone(self, steps: Generator[Any, None, T]) -> T:
+        """Run whole-file work on the model thread, a step at a time (each `next(steps)`
+        blocks on the model: FileEngine.file_steps), each step once no utterance waits;
+        its return value or exception comes back. A caller that goes away stops it at its
+        next step. Full queue: CapacityError."""
         if self.depth() >= self.max_queue:
             ASR_DROPPED.labels("queue_full").inc()
+            steps.close()
             raise CapacityError(f"ASR queue is full ({self.max_queue} waiting)", retry_after_s=1)
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._alone.append((work, future))
+        self._alone.append(_Alone(steps, future))
         self._wakeup.set()
         return await future
 
@@ -117,7 +140,7 @@ class Batcher:
                     if batch := self._take_batch():
                         await self._run_batch(batch)
                     elif self._alone:
-                        await self._run_alone(*self._alone.popleft())
+                        await self._step_alone(self._alone[0])
                     else:
                         break
         finally:
@@ -137,20 +160,27 @@ class Batcher:
                     batch.append(waiting)
         return batch
 
-    async def _run_alone(self, work: Callable[[], Any], future: asyncio.Future[Any]) -> None:
-        if future.done():  # the caller went away
-            return
+    async def _step_alone(self, alone: _Alone) -> None:
+        """One step of the first whole-file work; it leaves the queue once it is over."""
         loop = asyncio.get_running_loop()
+        if alone.future.done():  # the caller went away: its work stops here
+            self._alone.popleft()
+            await loop.run_in_executor(self._executor, alone.steps.close)
+            return
         started = time.perf_counter()
         try:
-            result = await loop.run_in_executor(self._executor, work)
+            finished, result = await loop.run_in_executor(self._executor, _step, alone.steps)
         except Exception as exc:
-            if not future.done():
-                future.set_exception(exc)
+            self._alone.popleft()
+            if not alone.future.done():
+                alone.future.set_exception(exc)
             return
-        ASR_INFERENCE.observe(time.perf_counter() - started)
-        if not future.done():
-            future.set_result(result)
+        alone.seconds += time.perf_counter() - started
+        if finished:
+            self._alone.popleft()
+            ASR_INFERENCE.observe(alone.seconds)
+            if not alone.future.done():
+                alone.future.set_result(result)
 
     async def _run_batch(self, batch: list[_Waiting]) -> None:
         loop = asyncio.get_running_loop()

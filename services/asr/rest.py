@@ -164,4 +164,4 @@ async def _run(
             f"the {engine.name} engine gives no timestamps, prompts or translations: "
             "ask for json or text"
         )
-    return await batcher.run_alone(lambda: engine.transcribe_file(request))
+    return await batcher.run_alone(engine.file_steps(request))

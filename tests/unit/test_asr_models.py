@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Generator
 from pathlib import Path
 
 import numpy as np
@@ -132,7 +132,13 @@ async def test_whole_file_work_waits_for_the_utterances() -> None:
     await asyncio.sleep(0)
     while batcher.depth():  # the first batch was taken: the model is busy
         await asyncio.sleep(0.01)
-    alone = asyncio.create_task(batcher.run_alone(lambda: order.append("file") or "done"))
+
+    def file_work() -> Generator[None, None, str]:
+        order.append("file")
+        yield
+        return "done"
+
+    alone = asyncio.create_task(batcher.run_alone(file_work()))
     engine.transcribe_batch = lambda items: (
         order.append("final")
         or [  # type: ignore[method-assign]
@@ -148,6 +154,60 @@ async def test_whole_file_work_waits_for_the_utterances() -> None:
     runner.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await runner
+
+
+async def test_a_final_goes_between_the_steps_of_a_long_file() -> None:
+    """A long upload is run a window at a time: a final queued while one window is being
+    decoded waits for that window only, and a caller that goes away stops the rest."""
+    engine = FakeAsrEngine(FakeAsrSettings())
+    batcher = Batcher(engine, 4, 16)
+    order: list[str] = []
+    in_step, release = threading.Event(), threading.Event()
+
+    def long_file(name: str) -> Generator[None, None, str]:
+        try:
+            order.append(f"{name} 1")
+            in_step.set()
+            release.wait(10)
+            yield
+            order.append(f"{name} 2")
+            yield
+            order.append(f"{name} 3")
+            return name
+        finally:
+            order.append(f"{name} closed")
+
+    engine.transcribe_batch = lambda items: (  # type: ignore[method-assign]
+        order.append("final") or [engine._transcript(i) for i in items]
+    )
+    runner = asyncio.create_task(batcher.run())
+    try:
+        whole = asyncio.create_task(batcher.run_alone(long_file("file")))
+        await asyncio.to_thread(in_step.wait, 10)
+        final = asyncio.create_task(batcher.transcribe(AsrInput(np.zeros(16, np.float32))))
+        await asyncio.sleep(0)  # queued while the first window runs
+        release.set()
+        await final
+        assert await whole == "file"
+        assert order == ["file 1", "final", "file 2", "file 3", "file closed"]
+
+        order.clear()
+        in_step.clear()
+        release.clear()
+        gone = asyncio.create_task(batcher.run_alone(long_file("gone")))
+        await asyncio.to_thread(in_step.wait, 10)
+        gone.cancel()  # the client hung up during the first window
+        release.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await gone
+        while batcher.depth():
+            await asyncio.sleep(0.01)
+        await batcher.transcribe(AsrInput(np.zeros(16, np.float32)))  # the model is free
+        assert order == ["gone 1", "gone closed", "final"]
+    finally:
+        runner.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await runner
 
 
 def test_auto_means_detect(tmp_path: Path) -> None:

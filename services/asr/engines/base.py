@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, TypeVar, cast, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
 AudioF32 = npt.NDArray[np.float32]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,3 +146,19 @@ class FileEngine(AsrEngine, Protocol):
     def transcribe_file(self, request: FileRequest) -> FileTranscript:
         """Transcribe (or translate to English) one file of any length, with segments."""
         ...
+
+    def file_steps(self, request: FileRequest) -> Generator[None, None, FileTranscript]:
+        """`transcribe_file` a step at a time: each `next` does one piece of the model's
+        work (the features and the language, then a 30 s window), and the generator
+        returns the transcript. The batcher runs the steps whenever no utterance waits,
+        so a long file delays a live stream's final by one step, not the whole file."""
+        ...
+
+
+def run_steps(steps: Generator[Any, None, T]) -> T:
+    """Every step of stepwise work at once; its return value."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return cast(T, done.value)

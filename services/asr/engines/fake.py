@@ -8,7 +8,7 @@ bus add; `latency_ms` simulates an engine of known cost per batched call.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 
 from services.asr.engines.base import (
     AsrInput,
@@ -55,6 +55,11 @@ class FakeAsrEngine:
 
     def languages(self) -> list[str]:
         return ["en"]
+
+    def file_steps(self, request: FileRequest) -> Generator[None, None, FileTranscript]:
+        """`transcribe_file` after one empty step (a real engine takes one per window)."""
+        yield
+        return self.transcribe_file(request)
 
     def transcribe_file(self, request: FileRequest) -> FileTranscript:
         """The fixed text as one segment, its words spread evenly over the audio."""

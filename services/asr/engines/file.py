@@ -13,6 +13,8 @@ taken when a window's decode looks wrong), another value is used alone.
 
 from __future__ import annotations
 
+from collections.abc import Generator
+from contextlib import AbstractContextManager
 from typing import Any, Final
 
 from services.asr.engines.base import FileRequest, FileTranscript, Segment, Word
@@ -36,28 +38,43 @@ def check_request(request: FileRequest, language: str | None, known: list[str], 
         )
 
 
-def transcribe_file(
-    whisper: Any, request: FileRequest, language: str | None, model: str, beam_size: int
-) -> FileTranscript:
-    """Transcribe (or translate) `request.audio` with `whisper` (a loaded WhisperModel)."""
+def file_steps(
+    whisper: Any,
+    request: FileRequest,
+    language: str | None,
+    model: str,
+    beam_size: int,
+    lock: AbstractContextManager[Any],
+) -> Generator[None, None, FileTranscript]:
+    """Transcribe (or translate) `request.audio` with `whisper` (a loaded WhisperModel), a
+    step at a time (FileEngine.file_steps): faster-whisper decodes lazily, one window per
+    segment asked for. `lock` is held for each step's model work."""
     multilingual = bool(whisper.model.is_multilingual)
     known = [str(c) for c in whisper.supported_languages] if multilingual else ["en"]
     check_request(request, language, known, model)
     temperature = FALLBACK_TEMPERATURES if request.temperature == 0 else (request.temperature,)
-    pieces, info = whisper.transcribe(
-        request.audio,
-        language=language if multilingual else "en",
-        task=request.task if multilingual else "transcribe",
-        beam_size=beam_size,
-        best_of=max(beam_size, 1),
-        temperature=list(temperature),
-        initial_prompt=request.prompt or None,
-        hotwords=request.hotwords or None,
-        word_timestamps=request.word_timestamps,
-        condition_on_previous_text=True,
-        vad_filter=False,
-    )
-    segments = [_segment(index, piece) for index, piece in enumerate(pieces)]
+    with lock:  # the features of the whole file, and the language when none is named
+        pieces, info = whisper.transcribe(
+            request.audio,
+            language=language if multilingual else "en",
+            task=request.task if multilingual else "transcribe",
+            beam_size=beam_size,
+            best_of=max(beam_size, 1),
+            temperature=list(temperature),
+            initial_prompt=request.prompt or None,
+            hotwords=request.hotwords or None,
+            word_timestamps=request.word_timestamps,
+            condition_on_previous_text=True,
+            vad_filter=False,
+        )
+    segments: list[Segment] = []
+    while True:
+        yield
+        with lock:
+            piece = next(pieces, None)
+        if piece is None:
+            break
+        segments.append(_segment(len(segments), piece))
     return FileTranscript(
         text="".join(segment.text for segment in segments).strip(),
         language=str(info.language),

@@ -40,7 +40,7 @@ import logging
 import math
 import os
 import threading
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Generator, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -54,8 +54,9 @@ from services.asr.engines.base import (
     FileTranscript,
     Interrupted,
     Transcript,
+    run_steps,
 )
-from services.asr.engines.file import transcribe_file
+from services.asr.engines.file import file_steps
 from services.asr.engines.whisper_files import check_cuda, model_folder
 from services.asr.engines.whisper_scores import Decoded, decoded
 from services.asr.settings import WhisperSettings
@@ -189,17 +190,22 @@ class FasterWhisperEngine:
     def transcribe_file(self, request: FileRequest) -> FileTranscript:
         """A whole file through faster-whisper's own timestamped decoding (services/asr/
         engines/file.py): segments, scores, words; never the streaming doors' path."""
-        if self._whisper is None:
+        return run_steps(self.file_steps(request))
+
+    def file_steps(self, request: FileRequest) -> Generator[None, None, FileTranscript]:
+        """`transcribe_file` a window at a time (FileEngine.file_steps)."""
+        whisper = self._whisper
+        if whisper is None:
             raise EngineUnavailable("the faster-whisper model is not loaded")
         hint = request.language or self.settings.language
         language = None if hint is None or hint.lower() in DETECT else hint.lower()
         request = dataclasses.replace(
             request, audio=self._widened(_mono(request.audio), request.source_rate)
         )
-        with self._lock:
-            return transcribe_file(
-                self._whisper, request, language, self.model, self.settings.beam_size
-            )
+        beam_size = self.settings.beam_size
+        return (
+            yield from file_steps(whisper, request, language, self.model, beam_size, self._lock)
+        )
 
     def unload(self) -> None:
         """Drop the model (CTranslate2 frees its memory once nothing holds it)."""
