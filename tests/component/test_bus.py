@@ -12,12 +12,13 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from services.common.bus.connection import connect
+from services.common.bus.connection import REDIS_DOWN, NoReplicasError, connect
 from services.common.bus.keys import Keys
-from services.common.bus.messages import AsrJob
+from services.common.bus.messages import AsrJob, TtsJob
 from services.common.bus.settings import RedisSettings
 from services.common.bus.streams import Delivery, JobStream, publish
 from services.common.bus.worker import JobWorker
+from services.gateway.bus import GatewayBus
 from services.ops.redis_server import free_port, start_redis
 from tests.conftest import RedisProc
 
@@ -373,3 +374,52 @@ async def _pending(redis: Redis, stream: str, group: str, entry_id: bytes) -> di
     if not rows:
         return {"time_since_delivered": 1 << 30, "times_delivered": 0}
     return {key: int(rows[0][key]) for key in ("time_since_delivered", "times_delivered")}
+
+
+async def test_a_master_short_of_replicas_is_redis_out_of_reach(tmp_path: Path) -> None:
+    """`min-replicas-to-write` (Redis's guard against a split brain's lost writes) refuses
+    writes with NOREPLICAS while too few replicas are in reach: the bus takes that as a
+    failover under way (retried, then `REDIS_DOWN`), not as an error that ends a session;
+    once a replica is back, the gateway's job goes in."""
+    master_port, replica_port = free_port(), free_port()
+    master = start_redis(master_port, tmp_path / "master")
+    replica = None
+    settings = RedisSettings(url=f"redis://127.0.0.1:{master_port}/0")
+    redis = connect(settings)
+    try:
+        await redis.config_set("min-replicas-to-write", 1)
+        with pytest.raises(NoReplicasError) as refused:
+            await redis.set("k", "v")
+        assert isinstance(refused.value, REDIS_DOWN)
+        with pytest.raises(REDIS_DOWN):  # through a pipeline, as the bus writes
+            await publish(redis, settings, "results", {b"meta": b"{}"}, durable=False)
+
+        sleeps: list[float] = []
+
+        async def sleep(seconds: float) -> None:  # the replica arrives while the bus waits
+            nonlocal replica
+            sleeps.append(seconds)
+            if replica is None:
+                replica = start_redis(replica_port, tmp_path / "replica")
+                follower = Redis(port=replica_port)
+                await follower.replicaof("127.0.0.1", master_port)
+                await follower.aclose()
+                async with asyncio.timeout(30):
+                    while (await redis.info("replication")).get("min_slaves_good_slaves") != 1:
+                        await asyncio.sleep(0.05)  # in sync, and counted as good
+
+        bus = GatewayBus(redis, settings, "gw-1", retry_s=60.0, sleep=sleep)
+        job = TtsJob(
+            job_id="t1", session_id="s1", response_id="r1", seq=0, text="hi", voice="v",
+            sample_rate=24000, reply_to="results",
+        )  # fmt: skip
+        await bus.submit_tts(job)
+        assert len(sleeps) == 1  # refused once, in after the replica came
+        (stream,) = {s.decode() for s in await redis.keys("*tts*")}
+        assert await redis.xlen(stream) == 1
+    finally:
+        await redis.aclose()
+        for proc in (master, replica):
+            if proc is not None:
+                proc.terminate()
+                proc.wait(10)

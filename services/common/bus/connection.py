@@ -15,7 +15,12 @@ from urllib.parse import parse_qs, unquote, urlparse
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.asyncio.connection import Connection, SSLConnection
+from redis.asyncio.connection import (
+    AbstractConnection,
+    Connection,
+    SSLConnection,
+    UnixDomainSocketConnection,
+)
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import (
     Sentinel,
@@ -23,11 +28,19 @@ from redis.asyncio.sentinel import (
     SentinelManagedSSLConnection,
 )
 from redis.backoff import ExponentialBackoff
-from redis.exceptions import ClusterDownError, ReadOnlyError, TryAgainError
+from redis.exceptions import ClusterDownError, ReadOnlyError, ResponseError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from services.common.bus.settings import RedisSettings
+
+
+class NoReplicasError(ResponseError):
+    """`NOREPLICAS`: a master set to `min-replicas-to-write` refused a write because too few
+    of its replicas are in reach: one is down or being promoted, or this master has been
+    cut off from them (the old master of a split brain, whose writes would be lost).
+    Retried as a failover is, then Redis is out of reach (redis-py has no class for it)."""
+
 
 REDIS_DOWN = (
     RedisConnectionError,
@@ -35,9 +48,13 @@ REDIS_DOWN = (
     ClusterDownError,
     TryAgainError,
     ReadOnlyError,
+    NoReplicasError,
     OSError,
 )
-"""Redis out of reach, or a failover under way (a demoted master, a cluster settling)."""
+"""Redis out of reach, or a failover under way (a demoted master, a cluster settling, a
+master refusing writes it could not replicate)."""
+_RETRIED = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, NoReplicasError)
+"""What a command is retried on (with backoff) before the error reaches the caller."""
 
 SENTINEL_SCHEME = "redis+sentinel"
 CLUSTER_SCHEME = "redis+cluster"
@@ -105,7 +122,8 @@ def parse_url(url: str) -> RedisTarget:
 class _WriteGuard(Connection):
     """Turns the transport errors a write on a connection the peer (or a concurrent
     disconnect) closed can raise into `ConnectionError`, which the retries cover; asyncio
-    raises RuntimeError/AttributeError/TypeError there (redis/redis-py#4287)."""
+    raises RuntimeError/AttributeError/TypeError there (redis/redis-py#4287). And a
+    `NOREPLICAS` refusal into `NoReplicasError`, which they cover too."""
 
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         try:
@@ -115,9 +133,29 @@ class _WriteGuard(Connection):
                 await self.disconnect(nowait=True)
             raise RedisConnectionError(f"connection lost while writing: {exc!r}") from exc
 
+    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().read_response(*args, **kwargs)
+        except ResponseError as exc:
+            if str(exc).startswith("NOREPLICAS"):
+                raise NoReplicasError(str(exc)) from None
+            raise
+
 
 class _WriteGuardSSL(_WriteGuard, SSLConnection):
     pass
+
+
+class _WriteGuardUnix(_WriteGuard, UnixDomainSocketConnection):
+    pass
+
+
+_GUARDED: dict[type[AbstractConnection], type[AbstractConnection]] = {
+    Connection: _WriteGuard,
+    SSLConnection: _WriteGuardSSL,
+    UnixDomainSocketConnection: _WriteGuardUnix,
+}
+"""The guarded class of each connection class a plain URL can name."""
 
 
 class _MasterConnection(_WriteGuard, SentinelManagedConnection):
@@ -164,19 +202,22 @@ def connect(settings: RedisSettings) -> Redis:
     timeout = settings.block_ms / 1000 + 5.0
     target = parse_url(settings.url)
     if target.kind == "plain":
-        return Redis.from_url(
+        plain = Redis.from_url(
             settings.url,
             retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=3),
-            retry_on_error=[RedisConnectionError, RedisTimeoutError],
+            retry_on_error=[RedisConnectionError, RedisTimeoutError, NoReplicasError],
             socket_timeout=timeout,
             socket_connect_timeout=5.0,
             health_check_interval=30,
             decode_responses=False,
         )
+        pool = plain.connection_pool  # its class follows the URL's scheme: guard that one
+        pool.connection_class = _GUARDED.get(pool.connection_class, pool.connection_class)
+        return plain
     retry = Retry(
         ExponentialBackoff(cap=0.5, base=0.05),
         retries=settings.failover_retries,
-        supported_errors=(RedisConnectionError, RedisTimeoutError, ReadOnlyError),
+        supported_errors=_RETRIED,
     )
     common: dict[str, Any] = {
         "username": target.username,
@@ -202,7 +243,7 @@ def connect(settings: RedisSettings) -> Redis:
             target.service,
             redis_class=_SentinelRedis,
             db=target.db,
-            retry_on_error=[RedisConnectionError, RedisTimeoutError, ReadOnlyError],
+            retry_on_error=list(_RETRIED),
             health_check_interval=30,
             connection_class=_MasterSSLConnection if target.tls else _MasterConnection,
             **common,
