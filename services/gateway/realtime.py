@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from services.common.audio.vad import VadSettings
 from services.common.errors import InvalidAudio, VoiceAgentError
 from services.common.protocol.events import (
+    MAX_TEXT_CHARS,
     ConversationText,
     ConversationToolResult,
     ErrorEvent,
@@ -47,6 +48,7 @@ from services.common.protocol.events import (
     TranscriptPartial,
 )
 from services.common.service.ws import Frame
+from services.common.text import CONTROL_CHARACTERS
 from services.gateway import realtime_events as rt
 from services.gateway import realtime_shapes as shapes
 from services.gateway.codec import AudioIn, ClientInput, Decoded, Outgoing, WireAudio
@@ -198,8 +200,22 @@ class RealtimeCodec:
                 "unsupported_item",
                 "item",
             )
+        text = " ".join(texts)
+        if not text.strip() or CONTROL_CHARACTERS.search(text):
+            raise rt.RealtimeError(
+                "item.content: the text must say something, and hold no control characters",
+                "invalid_value",
+                "item.content",
+            )
+        if len(" ".join([*self._texts, text])) > MAX_TEXT_CHARS:
+            raise rt.RealtimeError(
+                f"item.content: the user's text items before a response.create exceed "
+                f"{MAX_TEXT_CHARS} characters together",
+                "invalid_value",
+                "item.content",
+            )
         item_id = item.id or f"item_{uuid.uuid4().hex[:16]}"
-        self._texts.append(" ".join(texts))
+        self._texts.append(text)
         content = [{"type": "input_text", "text": t} for t in texts]
         self._item_created(item_id, "user", content, previous or self._last_item)
 
@@ -268,6 +284,8 @@ class RealtimeCodec:
         return self._flush()
 
     def _error(self, code: str, message: str, param: str | None, fatal: bool = False) -> None:
+        if code == "asr_unavailable":  # a committed turn not transcribed will not be answered
+            self._answering_commit = False
         self._emit(shapes.error_event(code, message, param, self._client_event, fatal))
 
     def _emit(self, event: dict[str, Any]) -> None:

@@ -201,14 +201,18 @@ class InputAudioClear(Event):
     type: Literal["input_audio.clear"]
 
 
+MAX_TEXT_CHARS = 8192
+"""The longest user turn given as text (`conversation.text`, `response.create`'s `text`)."""
+
+
 class ConversationText(Event):
     type: Literal["conversation.text"]
-    text: Annotated[str, Field(max_length=8192), NOT_BLANK]
+    text: Annotated[str, Field(max_length=MAX_TEXT_CHARS), NOT_BLANK]
 
 
 class ResponseCreate(Event):
     type: Literal["response.create"]
-    text: Annotated[str, Field(max_length=8192), NOT_BLANK] | None = None
+    text: Annotated[str, Field(max_length=MAX_TEXT_CHARS), NOT_BLANK] | None = None
 
 
 class ResponseCancel(Event):
