@@ -122,6 +122,9 @@ def create_app(
     retry_s = min(section.asr_timeout_s, section.tts_timeout_s)
     bus = GatewayBus(redis, settings.redis, gateway_id, retry_s=retry_s)
     sessions: dict[str, Session | DuplexSession] = {}
+    admitted: set[WebSocket] = set()
+    """Connections admitted and not yet ended, what `max_sessions` counts: a phone call
+    waiting for its stream's start has no session yet, but holds its place."""
     store = SessionStore(redis, settings.redis.prefix, section.resume_window_s, settings.redis)
     admission = admission or Admission(section.admission, section.max_sessions)
     services = SessionServices(
@@ -143,9 +146,10 @@ def create_app(
         return {
             "gateway_id": gateway_id,
             "sessions": len(sessions),
+            "admitted": len(admitted),  # what max_sessions counts: calls not started too
             "vad_batch_mean": mean,
             "end_of_turn": end_of_turn.name,
-            "admission": admission.reading(len(sessions)).model_dump(),
+            "admission": admission.reading(len(admitted)).model_dump(),
             "backend": section.backend,
         }
 
@@ -227,10 +231,11 @@ def create_app(
             if state.draining:
                 metrics.SESSIONS_REFUSED.labels("draining").inc()
                 raise CapacityError("gateway draining; retry after 1 s")
-            admission.admit(len(sessions))
+            admission.admit(len(admitted))
         except CapacityError as exc:
             await channel.fail(exc)
             return None
+        admitted.add(ws)  # counted from here: a phone call's start, a handshake may take a while
         return channel, restored
 
     async def run_session(
@@ -251,9 +256,15 @@ def create_app(
         config = SessionConfig.model_validate({**given, **(initial or {})})
         config = token_settings(config, principal.session, agents)
         history: list[Turn] = []
+        resumed_notice: str | None = None
         if restored is not None and restored[0].id not in sessions:
             config, history = restored
             config = config.model_copy(update={"resumed": True})
+            if config.agent not in agents:  # saved by a gateway with an agent this one lacks
+                resumed_notice = (
+                    f"the agent {config.agent!r} is not on this gateway: {chosen.agent} answers"
+                )
+                config = config.model_copy(update={"agent": chosen.agent})
         listener = Listener(
             vad_holder["vad"], vad, config.input_sample_rate, hearing.get("batcher")
         )
@@ -265,7 +276,7 @@ def create_app(
                 sessions[config.id] = session
                 drainer.opened()
                 notice = chosen.notice if config.agent == chosen.agent else None
-                await channel.send(SessionCreated(session=config, notice=notice))
+                await channel.send(SessionCreated(session=config, notice=resumed_notice or notice))
                 await session.serve()
         except* Disconnected:
             pass
@@ -314,9 +325,12 @@ def create_app(
 
     @app.websocket("/v1/stream")
     async def stream(ws: WebSocket, session_id: str | None = Query(None, max_length=64)) -> None:
-        admitted = await admit(ws, NativeCodec(), session_id)
-        if admitted is not None:
-            await run_session(ws, *admitted)
+        opened = await admit(ws, NativeCodec(), session_id)
+        if opened is not None:
+            try:
+                await run_session(ws, *opened)
+            finally:
+                admitted.discard(ws)
 
     @app.websocket("/v1/realtime")
     async def realtime(ws: WebSocket, model: str | None = Query(None, max_length=128)) -> None:
@@ -324,10 +338,13 @@ def create_app(
             "openai-beta.realtime-v1" in read_handshake(ws).offered
         )
         codec = RealtimeCodec(beta=beta, vad=vad, agents=frozenset(agents))
-        admitted = await admit(ws, codec, None)
-        if admitted is not None:
+        opened = await admit(ws, codec, None)
+        if opened is not None:
             initial = {**REALTIME_SESSION, **({"agent": model} if model in agents else {})}
-            await run_session(ws, *admitted, initial)
+            try:
+                await run_session(ws, *opened, initial)
+            finally:
+                admitted.discard(ws)
 
     @app.websocket("/v1/twilio")
     async def twilio(ws: WebSocket) -> None:
@@ -335,10 +352,10 @@ def create_app(
         credential, when authentication is on, comes in the stream's `start` (a custom
         parameter): no session before it is checked."""
         codec = TwilioCodec()
-        admitted = await admit(ws, codec, None)
-        if admitted is None:
+        opened = await admit(ws, codec, None)
+        if opened is None:
             return
-        channel, restored = admitted
+        channel, restored = opened
         try:
             if not await wait_for_start(channel, codec, section.twilio.start_timeout_s):
                 await channel.close(1000, "no stream started")
@@ -351,6 +368,8 @@ def create_app(
         except VoiceAgentError as exc:  # refused at the late door (already counted)
             log.warning("twilio stream %s refused: %s", codec.stream_sid, exc.message)
             await channel.fail(exc)
+        finally:
+            admitted.discard(ws)
 
     @app.get("/v1/agents")
     async def list_agents() -> dict[str, Any]:

@@ -48,8 +48,9 @@ class GatewaySection(BaseModel):
     duplex_history_interval_s: float = Field(default=5.0, ge=0.5, le=3600)
     """A duplex session's agent text so far is saved this often (for resume)."""
     max_sessions: int = Field(default=200, ge=1, le=100_000)
-    """Sessions this process admits at most; more are refused with close 1013 and a retry
-    hint (the hard cap: `admission` refuses sooner when voice-to-voice says so)."""
+    """Sessions this process admits at most, a phone call waiting for its stream's start
+    included (`/health` `admitted`); more are refused with close 1013 and a retry hint (the
+    hard cap: `admission` refuses sooner when voice-to-voice says so)."""
     admission: AdmissionSettings = AdmissionSettings()
     """Admission by measured voice-to-voice (docs/capacity.md#admission)."""
     default_voice: str = "default"

@@ -1,0 +1,108 @@
+"""A gateway's places and the sessions it takes back: `max_sessions` counts a phone call that
+has not started its stream yet, and a session saved with an agent this gateway lacks resumes
+with its own agent instead of failing its first turn."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import websockets
+
+from services.common.bus.settings import RedisSettings
+from services.gateway.admission import AdmissionSettings
+from services.gateway.agent import AGENTS, EchoAgent
+from services.gateway.app import create_app
+from services.gateway.settings import GatewaySection, GatewaySettings
+from services.tts.app import create_app as tts_app
+from services.tts.settings import TtsSettings
+from tests.conftest import RedisProc
+from tests.servers import ServerThread
+
+
+def _settings(bus: RedisSettings, max_sessions: int = 100) -> GatewaySettings:
+    section = GatewaySection(max_sessions=max_sessions, admission=AdmissionSettings(enabled=False))
+    return GatewaySettings(profile="fake", redis=bus, gateway=section)
+
+
+@pytest.fixture(scope="module")
+def bus(redis_server: RedisProc) -> Iterator[RedisSettings]:
+    """One prefix for the fake TTS and every gateway of a test."""
+    settings = redis_server.settings()
+    with ServerThread(tts_app(TtsSettings(profile="fake", redis=settings))):
+        yield settings
+
+
+START = {
+    "event": "start",
+    "streamSid": "MZ1",
+    "start": {
+        "streamSid": "MZ1",
+        "callSid": "CA1",
+        "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1},
+    },
+}
+
+
+async def _admitted(http: str) -> int:
+    async with httpx.AsyncClient() as client:
+        health = (await client.get(f"{http}/health")).json()
+    return int(health["admitted"])
+
+
+async def _first(ws: websockets.ClientConnection) -> dict[str, object]:
+    event: dict[str, object] = json.loads(await asyncio.wait_for(ws.recv(), 10))
+    return event
+
+
+async def test_a_call_waiting_for_its_start_holds_its_place(bus: RedisSettings) -> None:
+    with ServerThread(create_app(_settings(bus, max_sessions=1))) as gateway:
+        call = await websockets.connect(f"{gateway.ws}/v1/twilio")
+        async with asyncio.timeout(10):  # admitted at the accept; no session before its start
+            while await _admitted(gateway.http) < 1:
+                await asyncio.sleep(0.02)
+        async with websockets.connect(f"{gateway.ws}/v1/stream") as refused:
+            error = await _first(refused)
+            assert (error["type"], error["code"]) == ("error", "capacity"), error
+            with pytest.raises(websockets.ConnectionClosed):
+                await asyncio.wait_for(refused.recv(), 10)
+            assert refused.close_code == 1013
+        await call.send(json.dumps(START))  # the call starts: it is the one session
+        await call.close()
+        async with asyncio.timeout(10):  # its place is free once its handler has ended
+            while True:
+                async with websockets.connect(f"{gateway.ws}/v1/stream") as ws:
+                    if (await _first(ws))["type"] == "session.created":
+                        break
+                await asyncio.sleep(0.05)
+
+
+async def test_a_session_saved_with_an_agent_this_gateway_lacks_resumes_with_its_own(
+    bus: RedisSettings,
+) -> None:
+    agents = {**AGENTS, "concierge": EchoAgent}
+    with ServerThread(create_app(_settings(bus), agents=agents)) as first:
+        async with websockets.connect(f"{first.ws}/v1/stream") as ws:
+            session_id = (await _first(ws))["session"]["id"]  # type: ignore[index]
+            await ws.send(json.dumps({"type": "session.update", "session": {"agent": "concierge"}}))
+            assert (await _first(ws))["type"] == "session.updated"
+    with ServerThread(create_app(_settings(bus))) as second:  # no concierge here
+        url = f"{second.ws}/v1/stream?session_id={session_id}"
+        async with websockets.connect(url, max_queue=None) as ws:
+            created = await _first(ws)
+            session = created["session"]
+            assert session["id"] == session_id and session["resumed"] is True  # type: ignore[index]
+            assert session["agent"] == "echo"  # type: ignore[index]
+            assert "'concierge' is not on this gateway" in str(created["notice"])
+            await ws.send(json.dumps({"type": "conversation.text", "text": "hello again"}))
+            async with asyncio.timeout(20):
+                event: dict[str, object] = {}
+                while event.get("type") != "response.done":
+                    frame = await ws.recv()
+                    if isinstance(frame, str):  # audio comes as binary frames
+                        event = json.loads(frame)
+                        assert event["type"] != "error", event
+            assert event["status"] == "completed" and event["text"] == "hello again"
