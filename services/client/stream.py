@@ -21,6 +21,7 @@ import websockets
 from services.common.audio.pcm import (
     ALLOWED_SAMPLE_RATES,
     AudioF32,
+    decode_file,
     float_to_pcm16,
     pcm16_to_float,
     resample,
@@ -78,6 +79,15 @@ def read_wav(path: Path) -> tuple[AudioF32, int]:
         if wav.getnchannels() > 1:
             audio = audio.reshape(-1, wav.getnchannels()).mean(axis=1).astype(np.float32)
         return audio, wav.getframerate()
+
+
+def read_audio(path: Path) -> tuple[AudioF32, int]:
+    """Speech from a file: a PCM16 wav as it is, anything else PyAV decodes (a float or
+    24-bit wav, flac, mp3, ogg...) at 16 kHz. InvalidAudio when it is not audio."""
+    try:
+        return read_wav(path)
+    except (wave.Error, ValueError, EOFError):
+        return decode_file(path.read_bytes(), 16000), 16000
 
 
 def write_wav(path: Path, pcm16: bytes, rate: int) -> None:
@@ -301,9 +311,10 @@ async def talk(
     def show(event: dict[str, Any]) -> None:
         print(json.dumps(event), flush=True)
 
-    audio, rate = read_wav(wav)
+    audio, rate = read_audio(wav)
     async with StreamClient(url, on_event=show, api_key=api_key) as client:
-        show({"type": "session.created", "session": client.session})
+        created: dict[str, Any] = {"type": "session.created", "session": client.session}
+        show(created if client.notice is None else {**created, "notice": client.notice})
         client.new_turn()
         received = await client.speak(audio, rate)
         await client.silence_until("response.done", timeout_s)

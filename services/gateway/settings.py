@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
@@ -15,6 +15,9 @@ from services.common.service.profiles import with_defaults
 from services.common.service.settings import BaseServiceSettings, ServerSettings
 from services.gateway.admission import AdmissionSettings
 from services.gateway.llm import LlmSettings
+
+END_OF_TURN_POLICIES = ("auto", "smart-turn", "silence", "heuristic")
+"""The end-of-turn policies built in (services/gateway/turn_end.py), `auto` included."""
 
 
 class TwilioSettings(BaseModel):
@@ -93,6 +96,17 @@ class GatewaySection(BaseModel):
     (the VAD's silence alone), `heuristic` (hold on after a trailing "and", "um",
     "the"...), `auto` (smart-turn when its model is installed, else silence) or
     `package.module:factory` for your own."""
+
+    @field_validator("end_of_turn")
+    @classmethod
+    def _a_policy(cls, value: str) -> str:
+        if value not in END_OF_TURN_POLICIES and ":" not in value:
+            choices = ", ".join(END_OF_TURN_POLICIES)
+            raise ValueError(
+                f"unknown end-of-turn policy {value!r}; choose {choices} or module:factory"
+            )
+        return value
+
     cut_off_join_ms: int = Field(default=1000, ge=0, le=10_000)
     """A user who speaks again within this long of the end of their speech, while the
     answer to it has not played to its end (interrupted, or not yet heard), was cut off

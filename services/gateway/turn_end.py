@@ -45,7 +45,7 @@ from services.common.audio.pcm import AudioF32
 from services.common.audio.vad import VadSettings
 from services.gateway import metrics
 from services.gateway.agent import Turn
-from services.gateway.settings import GatewaySection
+from services.gateway.settings import END_OF_TURN_POLICIES, GatewaySection
 
 log = logging.getLogger(__name__)
 
@@ -322,7 +322,7 @@ def create_policy(settings: GatewaySection) -> EndOfTurn:
         return POLICIES[name](settings)
     module_name, _, attribute = name.partition(":")
     if not attribute:
-        choices = ", ".join(["auto", *sorted(POLICIES)])
+        choices = ", ".join(END_OF_TURN_POLICIES)
         raise ValueError(f"unknown end-of-turn policy {name!r}; choose {choices} or module:factory")
     factory: Factory = getattr(importlib.import_module(module_name), attribute)
     return factory(settings)

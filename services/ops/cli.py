@@ -24,17 +24,21 @@ import asyncio
 import importlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
+from pydantic import ValidationError
 
 from services.common.auth.credentials import is_loopback
 from services.common.platform.extras import MissingExtra
+from services.common.service.settings import settings_problem
 from services.loadtest.cli import add_loadtest_command
 from services.ops.doctor import add_parser as add_doctor_command
 from services.ops.healthcheck import add_parser as add_healthcheck_arguments
@@ -60,7 +64,7 @@ def wait_ready(
     while waiting and time.monotonic() < deadline:
         for proc in procs:
             if proc.poll() is not None:
-                raise SystemExit(f"a service exited with {proc.returncode}; see {logs}")
+                raise SystemExit(f"{_label(proc)} exited with {proc.returncode}; see {logs}")
         for name, url in list(waiting.items()):
             try:
                 if httpx.get(f"{url}/ready", timeout=1.0).status_code == 200:
@@ -70,6 +74,29 @@ def wait_ready(
         time.sleep(0.2)
     if waiting:
         raise SystemExit(f"not ready after {timeout_s:.0f} s: {', '.join(waiting)}; see {logs}")
+
+
+def _label(proc: subprocess.Popen[Any]) -> str:
+    """What a started process is, for a message: its module (`services.gateway.server`), else
+    its program."""
+    args = [str(arg) for arg in proc.args] if isinstance(proc.args, list) else [str(proc.args)]
+    if "-m" in args[:-1]:
+        return args[args.index("-m") + 1]
+    return Path(args[0]).name
+
+
+def _ports_in_use(urls: dict[str, str]) -> list[str]:
+    """The services whose port already answers (another `voice-agent up`, say), as
+    "8000 (gateway: VA_GATEWAY__SERVER__PORT)"."""
+    taken = []
+    for name, url in urls.items():
+        where = urlsplit(url)
+        try:
+            socket.create_connection((where.hostname, where.port), timeout=1).close()
+        except OSError:
+            continue
+        taken.append(f"{where.port} ({name}: VA_{name.upper()}__SERVER__PORT)")
+    return taken
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -116,6 +143,13 @@ def up(args: argparse.Namespace) -> None:
     # background job of a script inherits that, and Python then keeps ignoring it)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     settings = load_settings("gateway")
+    urls = _service_urls()
+    taken = _ports_in_use(urls)
+    if taken:
+        raise SystemExit(
+            f"voice-agent up: port {', '.join(taken)} is in use: is another `voice-agent up`"
+            " (`make run`) running? Stop it, or give this one other ports with the settings named"
+        )
     procs: list[subprocess.Popen[bytes]] = []
     if not reachable(settings.redis.url):
         if "+" in settings.redis.url.split("://", 1)[0]:
@@ -124,7 +158,6 @@ def up(args: argparse.Namespace) -> None:
         print(f"no Redis at {settings.redis.url}: starting one on port {port}", flush=True)
         procs.append(start_redis(port, Path(args.state_dir) / "redis"))
     stack = up_services()
-    urls = _service_urls()
     env = _service_env()
     try:
         if "tts" in urls:  # the gateway lists this TTS service's voices (the page's picker)
@@ -138,7 +171,7 @@ def up(args: argparse.Namespace) -> None:
         while all(proc.poll() is None for proc in procs):
             time.sleep(0.5)
         failed = next(proc for proc in procs if proc.poll() is not None)
-        raise SystemExit(f"a service exited with {failed.returncode}; stopping the others")
+        raise SystemExit(f"{_label(failed)} exited with {failed.returncode}; stopping the others")
     except KeyboardInterrupt:
         pass
     finally:
@@ -190,7 +223,45 @@ def client(args: argparse.Namespace) -> None:
 
     out = Path(args.out) if args.out else None
     key = os.environ.get("VA_API_KEY") or None  # from the environment: never in `ps` or history
-    asyncio.run(talk(args.url, Path(args.wav), out, args.timeout, key))
+    try:
+        asyncio.run(talk(args.url, Path(args.wav), out, args.timeout, key))
+    except Exception as exc:
+        problem = _client_problem(exc, args)
+        if problem is None:
+            raise
+        print(f"voice-agent client: error: {problem}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def _client_problem(exc: Exception, args: argparse.Namespace) -> str | None:
+    """What a user did wrong (or has not started), in one line; None for a bug."""
+    import websockets
+
+    from services.common.errors import VoiceAgentError
+
+    if isinstance(exc, FileNotFoundError | IsADirectoryError | PermissionError):
+        return f"cannot read {args.wav}: {exc.strerror}"
+    if isinstance(exc, VoiceAgentError):  # the file is not audio
+        return f"{args.wav}: {exc.message}"
+    if isinstance(exc, websockets.InvalidURI):
+        return f"--url {args.url} is not a WebSocket URL: give ws://host:port/v1/stream"
+    if isinstance(exc, websockets.InvalidStatus):
+        status = exc.response.status_code
+        if status in (401, 403):
+            return (
+                f"the gateway refused the connection ({status}): set VA_API_KEY to an API key "
+                "or client token (docs/auth.md)"
+            )
+        return f"the gateway refused the connection with HTTP {status} ({args.url})"
+    if isinstance(exc, TimeoutError) and "response.done" in str(exc):
+        return (
+            f"no complete answer within {args.timeout:g} s: did {args.wav} hold speech? "
+            "(--timeout gives the agent longer)"
+        )
+    if isinstance(exc, OSError):  # refused, unknown host, or a handshake that timed out
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        return f"cannot reach the gateway at {args.url} ({reason}): is `make run` up?"
+    return None
 
 
 def config(args: argparse.Namespace) -> None:
@@ -240,7 +311,9 @@ def parser() -> argparse.ArgumentParser:
         "client",
         help="stream a wav file to /v1/stream (an API key, if needed, in VA_API_KEY)",
     )
-    p_client.add_argument("--wav", required=True, help="a 16-bit PCM wav file")
+    p_client.add_argument(
+        "--wav", required=True, help="the speech: a wav file (or flac, mp3, ogg...)"
+    )
     p_client.add_argument("--url", default="ws://127.0.0.1:8000/v1/stream")
     p_client.add_argument("--out", default="reply.wav", help="where to save the agent's audio")
     p_client.add_argument("--timeout", type=float, default=30.0)
@@ -277,6 +350,9 @@ def main(argv: list[str] | None = None) -> None:
         args.func(args)
     except MissingExtra as exc:
         print(f"voice-agent {args.command}: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except ValidationError as exc:  # the settings read from the environment
+        print(f"voice-agent {args.command}: bad setting: {settings_problem(exc)}", file=sys.stderr)
         raise SystemExit(2) from None
 
 

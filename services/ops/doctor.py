@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from services.asr.settings import AsrSettings
+from services.common.service.settings import settings_problem
 from services.gateway.settings import GatewaySettings
 from services.ops.deploy import NginxSite
 from services.ops.doctor_checks import (
@@ -71,7 +72,7 @@ def run_checks(options: Options) -> list[Check]:
         tts = load_settings("tts")
         gateway = load_settings("gateway")
     except ValidationError as exc:
-        return [Check("settings", "FAIL", str(exc), "fix the VA_... variables it names")]
+        return [Check("settings", "FAIL", settings_problem(exc), "fix the VA_... variables named")]
     assert isinstance(asr, AsrSettings) and isinstance(tts, TtsSettings)
     assert isinstance(gateway, GatewaySettings)
     ports = options.gateway_ports or (gateway.gateway.server.port,)

@@ -58,11 +58,13 @@ class Newcomer:
     env: dict[str, str]
     urls: dict[str, str]
 
-    def voice_agent(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    def voice_agent(
+        self, *args: str, timeout: float = 60, **env: str
+    ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [str(self.root / ".venv/bin/voice-agent"), *args],
             cwd=self.root,
-            env=self.env,
+            env={**self.env, **env},
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -199,6 +201,52 @@ def test_the_browser_page_and_its_voice_list(
     assert voices.json()["voices"], voices.json()
 
 
+def test_a_second_up_names_the_ports_in_use(
+    newcomer: Newcomer, running: subprocess.Popen[str]
+) -> None:
+    """`make run` twice: the second says why it cannot start, and never that it is up."""
+    second = newcomer.voice_agent("up")
+    said = second.stdout + second.stderr
+    assert second.returncode == 1, said
+    assert "voice-agent is up" not in said and "Traceback" not in said, said
+    port = newcomer.urls["gateway"].rsplit(":", 1)[1]
+    assert f"{port} (gateway: VA_GATEWAY__SERVER__PORT)" in said and "in use" in said, said
+
+
+@pytest.mark.parametrize(
+    ("words", "env", "says"),
+    [
+        (["client", "--wav", "nope.wav"], {}, "cannot read nope.wav"),
+        (
+            ["client", "--wav", "pyproject.toml", "--url", "ws://127.0.0.1:9/v1/stream"],
+            {},
+            "pyproject.toml: ",
+        ),
+        (["gateway"], {"VA_GATEWAY__END_OF_TURN": "bogus"}, "VA_GATEWAY__END_OF_TURN=bogus"),
+        (["up"], {"VA_VAD__MIN_SILENCE_MS": "5"}, "VA_VAD__MIN_SILENCE_MS=5"),
+    ],
+    ids=["missing-file", "not-audio", "bad-policy", "bad-bound"],
+)
+def test_a_mistake_is_one_line_not_a_traceback(
+    newcomer: Newcomer, words: list[str], env: dict[str, str], says: str
+) -> None:
+    refused = newcomer.voice_agent(*words, **env)
+    assert refused.returncode in (1, 2), refused.stdout + refused.stderr
+    assert "Traceback" not in refused.stdout + refused.stderr, refused.stderr
+    (line,) = refused.stderr.strip().splitlines()
+    assert says in line, line
+
+
+def test_the_client_says_when_nothing_listens(newcomer: Newcomer, tmp_path: Path) -> None:
+    question = tmp_path / "question.wav"
+    write_wav(question, to_pcm16(np.zeros(1600, np.float32)), 16000)
+    url = f"ws://127.0.0.1:{free_port()}/v1/stream"
+    refused = newcomer.voice_agent("client", "--wav", str(question), "--url", url)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
+    (line,) = refused.stderr.strip().splitlines()
+    assert f"cannot reach the gateway at {url}" in line and "make run" in line, line
+
+
 def test_one_spoken_turn_then_a_clean_stop(
     newcomer: Newcomer, running: subprocess.Popen[str], tmp_path: Path
 ) -> None:
@@ -213,6 +261,9 @@ def test_one_spoken_turn_then_a_clean_stop(
     )
     assert talked.returncode == 0, talked.stdout[-2000:] + talked.stderr[-2000:]
     events = [json.loads(line) for line in talked.stdout.splitlines() if line.startswith("{")]
+    created = events[0]
+    assert created["type"] == "session.created" and created["session"]["agent"] == "echo"
+    assert "echo agent answers" in created["notice"]  # README: no LLM, and the notice says so
     finals = [e["text"] for e in events if e["type"] == "transcript.final"]
     assert len(finals) == 1 and {"weather", "paris"} & set(finals[0].lower().split()), finals
     assert [e["status"] for e in events if e["type"] == "response.done"] == ["completed"]

@@ -40,8 +40,9 @@ class AuthSettings(BaseModel):
     """Authentication, tenants and abuse limits (the same on every service)."""
 
     required: bool = True
-    """Every entry point but /health and /ready needs an API key or a client token. `false`
-    is for development on loopback only: a service bound elsewhere refuses to start."""
+    """Every entry point needs an API key or a client token but /health, /ready, /metrics
+    (unless `protect_ops`) and the gateway's browser page and its static files. `false` is
+    for development on loopback only: a service bound elsewhere refuses to start."""
     token_secret: SecretStr = SecretStr("")
     """HS256 secret of client tokens (≥ 32 characters), the same on every service; empty:
     one is generated once and kept in Redis (`<prefix>:auth:signing_secret`)."""

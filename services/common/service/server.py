@@ -14,10 +14,15 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import uvicorn
+from pydantic import ValidationError
 
 from services.common.auth.credentials import exposure_problem
 from services.common.auth.redact import install_redaction
-from services.common.service.settings import BaseServiceSettings, ServerSettings
+from services.common.service.settings import (
+    BaseServiceSettings,
+    ServerSettings,
+    settings_problem,
+)
 from services.common.service.upgrade import KeepUpgradeTail
 
 S = TypeVar("S", bound=BaseServiceSettings)
@@ -93,7 +98,10 @@ def run_service(
     parser.add_argument("--host", help="bind address (default from settings)")
     parser.add_argument("--port", type=int, help="TCP port (default from settings)")
     args = parser.parse_args(argv)
-    settings = settings_cls()
+    try:
+        settings = settings_cls()
+    except ValidationError as exc:
+        raise SystemExit(f"voice-agent {name}: bad setting: {settings_problem(exc)}") from None
     server = server_of(settings)
     if args.host:
         server.host = args.host

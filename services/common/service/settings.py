@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.common.auth.settings import AuthSettings
@@ -62,3 +62,15 @@ class BaseServiceSettings(BaseSettings):
     benchmarks/cpu_per_turn.py)."""
     auth: AuthSettings = AuthSettings()
     """Authentication, tenants and abuse limits (docs/auth.md)."""
+
+
+def settings_problem(exc: ValidationError) -> str:
+    """A settings error as the variables a user set: one line per wrong value, naming its
+    `VA_...` variable, what it was given and what it takes (pydantic names the field path)."""
+    lines = []
+    for error in exc.errors():
+        name = "VA_" + "__".join(str(part) for part in error["loc"]).upper()
+        given = error.get("input")
+        shown = f"={given}" if isinstance(given, str | int | float) else ""
+        lines.append(f"{name}{shown}: {error['msg'].removeprefix('Value error, ')}")
+    return "; ".join(lines)
