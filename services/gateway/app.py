@@ -289,11 +289,15 @@ def create_app(
             await channel.close(1011, "internal error")
         finally:
             ended = sessions.pop(config.id, None)
-            if ended is not None:
-                await store.save(ended.config, ended.history, ended.tenant)
-            drainer.closed()
-            metrics.SESSIONS.dec()
-            state.connection_closed()
+            try:
+                if ended is not None:
+                    await store.save(ended.config, ended.history, ended.tenant)
+            except Exception:  # the session's end is counted whatever its save met
+                log.exception("session %s could not be saved", config.id)
+            finally:
+                drainer.closed()
+                metrics.SESSIONS.dec()
+                state.connection_closed()
 
     async def new_session(
         ws: WebSocket,

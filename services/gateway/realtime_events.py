@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from services.common.audio.pcm import ALLOWED_SAMPLE_RATES
 from services.common.errors import InvalidMessage, UnsupportedSampleRate
-from services.common.protocol.events import G711_RATE, AudioEncoding, TurnDetection
+from services.common.protocol.events import BOUNDED_JSON, G711_RATE, AudioEncoding, TurnDetection
 
 RATES = ALLOWED_SAMPLE_RATES
 
@@ -67,7 +67,7 @@ class RtTool(_Loose):
     type: str = "function"
     name: str = Field(default="", max_length=64)
     description: str = Field(default="", max_length=4096)
-    parameters: dict[str, Any] | None = None
+    parameters: Annotated[dict[str, Any], BOUNDED_JSON] | None = None
 
 
 class RtFunctionChoice(_Loose):

@@ -64,6 +64,10 @@ class Replies:
         self._went_on_from: Reply | None = None
         """The reply playing when the user spoke again within `cut_off_join_ms` of the end
         of the speech it answers."""
+        self._starting = asyncio.Lock()
+        """One answer begins at a time: a transcript (the inbox task) and a client's
+        `response.create` (the input loop) may both begin one, and each waits for Redis
+        while it cancels the reply before; the second must see the first's reply."""
 
     def speaking(self) -> bool:
         return self.current is not None and self.current.speaking
@@ -89,6 +93,10 @@ class Replies:
 
     async def prepare(self, utterance_id: str, heard: Heard) -> None:
         """The speculative transcript of a pause: prepare the reply to it, held back."""
+        async with self._starting:
+            await self._prepare(utterance_id, heard)
+
+    async def _prepare(self, utterance_id: str, heard: Heard) -> None:
         await self.discard_prepared()
         if not self.settings.prepare_replies or not heard.text.strip():
             return
@@ -124,6 +132,12 @@ class Replies:
     ) -> None:
         """Answer now: the prepared reply when it answers this turn, else a new one (the
         agent on the history as it is now, or `fixed_text`)."""
+        async with self._starting:
+            await self._start(utterance_id, speech_end_at, fixed_text)
+
+    async def _start(
+        self, utterance_id: str | None, speech_end_at: float | None, fixed_text: str | None
+    ) -> None:
         await self.cancel()
         self.drop_held()  # a reply now supersedes the held turn
         prepared, self._prepared = self._prepared, None

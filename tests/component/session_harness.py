@@ -136,6 +136,8 @@ class FakeBus:
     """Between pieces: TTS runs faster than real time, as it must."""
     tts_ms_per_word: int = 400
     tts_piece_ms: int = 200
+    cancel_delay_s: float = 0.0
+    """How long a cancellation takes to reach Redis (a round trip)."""
     answer_asr: bool = True
     answer_partials: bool = True
     reply_to: str = "va:results:test"
@@ -191,6 +193,8 @@ class FakeBus:
         return any(r == response_id for _, r in self.cancelled)
 
     async def cancel(self, response_id: str) -> None:
+        if self.cancel_delay_s:
+            await asyncio.sleep(self.cancel_delay_s)
         self.cancelled.append((self.loop.time(), response_id))
 
 

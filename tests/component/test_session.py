@@ -7,6 +7,7 @@ off for the suite: each test here runs its own loop, through `on_virtual_time`.)
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import AsyncIterator
 
@@ -473,3 +474,31 @@ async def test_the_hold_is_for_english_words_only() -> None:
     final = h.of_type("transcript.final")[0]
     assert final["language"] == "de"
     assert h.time_of("response.created") == pytest.approx(h.time_of("transcript.final"))
+
+
+@on_virtual_time
+async def test_two_answers_begun_at_once_leave_no_reply_behind() -> None:
+    """A transcript (the inbox task) and the client's `response.create` (the input loop)
+    both start an answer while cancelling the old one takes a Redis round trip: the later
+    one replaces the earlier, which is cancelled, never left playing where no
+    `response.cancel` reaches it (it failed 15 s later with tts_unavailable)."""
+    long_text = " ".join(["This sentence is long enough to keep the speaker busy."] * 6)
+    settings = GatewaySection(speculative_asr=False)
+    async with running_session(settings, transcripts=["hi"], cancel_delay_s=0.005) as h:
+        await h.send({"type": "response.create", "text": long_text})
+        while len(h.socket.audio) < 5:
+            await h.say(silence(20))
+        speaking = asyncio.create_task(h.say(tone(200), silence(1500)))  # too short to barge in
+        await h.wait_for("transcript.final")
+        await h.send({"type": "response.create", "text": "second answer here"})
+        await speaking
+        await h.send({"type": "response.cancel"})
+        cancelled_at = h.loop.time()
+        await h.say(silence(3000))
+        await asyncio.sleep(30)
+        created = [e["response_id"] for e in h.of_type("response.created")]
+        ended = {e["response_id"]: e["status"] for e in h.of_type("response.done")}
+        assert set(created) == set(ended), (created, ended)
+        assert "failed" not in ended.values(), ended
+        assert not h.of_type("error"), h.of_type("error")
+        assert h.audio_bytes(since=cancelled_at + 0.3) == 0  # the cancel reached every reply

@@ -63,6 +63,28 @@ def test_malformed_messages_are_invalid_message(text: str, match: str) -> None:
         parse(CLIENT_EVENTS, text)
 
 
+def _nested(depth: int) -> dict[str, object]:
+    schema: dict[str, object] = {"type": "string"}
+    for _ in range(depth - 1):
+        schema = {"type": "object", "properties": {"x": schema}}
+    return schema
+
+
+def test_a_tool_schema_is_bounded() -> None:
+    """Pydantic parses any depth but serializes at most 256: a session keeping a deeper
+    schema failed when it sent `session.updated` or was saved (1011)."""
+
+    def update(parameters: object) -> str:
+        tool = {"type": "function", "name": "f", "parameters": parameters}
+        return json.dumps({"type": "session.update", "session": {"tools": [tool]}})
+
+    parse(CLIENT_EVENTS, update(_nested(16)))  # a real schema's depth
+    with pytest.raises(InvalidMessage, match="nests deeper than 32 levels"):
+        parse(CLIENT_EVENTS, update(_nested(300)))
+    with pytest.raises(InvalidMessage, match="longer than 32768 characters"):
+        parse(CLIENT_EVENTS, update({"type": "object", "description": "x" * 40_000}))
+
+
 def test_unsupported_sample_rate_has_its_own_code() -> None:
     with pytest.raises(UnsupportedSampleRate):
         parse(CLIENT_EVENTS, '{"type":"session.update","session":{"input_sample_rate":44100}}')

@@ -172,3 +172,14 @@ def test_manual_turns_end_only_on_commit() -> None:
     assert [type(e).__name__ for e in events] == ["SpeechStart"]
     end = segmenter.flush()
     assert isinstance(end, SpeechEnd) and end.audio.size > 0
+
+
+def test_a_tool_schema_nested_past_what_a_session_can_save_is_refused() -> None:
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(299):
+        schema = {"type": "object", "properties": {"x": schema}}
+    tool = {"type": "function", "name": "f", "parameters": schema}
+    event = {"type": "session.update", "event_id": "e1", "session": {"tools": [tool]}}
+    with pytest.raises(rt.RealtimeError) as refused:
+        rt.parse_client_event(json.dumps(event))
+    assert refused.value.code == "invalid_value" and "nests deeper" in str(refused.value)

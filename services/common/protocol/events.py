@@ -32,6 +32,28 @@ def _not_blank(value: str) -> str:
     return value
 
 
+MAX_SCHEMA_DEPTH = 32
+MAX_SCHEMA_CHARS = 32_768
+
+
+def _bounded_json(value: Any) -> Any:
+    """A JSON value a session can keep and send back: nested at most MAX_SCHEMA_DEPTH deep
+    (pydantic will not serialize past 256) and at most MAX_SCHEMA_CHARS long."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_SCHEMA_DEPTH:
+            raise ValueError(f"nests deeper than {MAX_SCHEMA_DEPTH} levels")
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    if len(json.dumps(value)) > MAX_SCHEMA_CHARS:
+        raise ValueError(f"is longer than {MAX_SCHEMA_CHARS} characters as JSON")
+    return value
+
+
+BOUNDED_JSON = AfterValidator(_bounded_json)
+"""A client's JSON document kept in the session (a tool's parameter schema): bounded."""
+
 NOT_BLANK = AfterValidator(_not_blank)
 """Text that must say something, in characters that are text: `Annotated[str,
 Field(max_length=N), NOT_BLANK]`."""
@@ -85,7 +107,9 @@ class ToolSpec(BaseModel):
     type: Literal["function"] = "function"
     name: ToolName
     description: str = Field(default="", max_length=4096)
-    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    parameters: Annotated[dict[str, Any], BOUNDED_JSON] = Field(
+        default_factory=lambda: {"type": "object", "properties": {}}
+    )
     """The arguments' JSON schema."""
 
 
