@@ -142,17 +142,22 @@ class SessionChannel:
         """The inputs of the next client frame that has any. A frame the codec refuses
         costs an error event (the connection goes on, unless the error is fatal)."""
         while True:
-            frame = await self.io.receive()
-            try:
-                decoded = self.codec.decode(frame)
-            except VoiceAgentError as exc:
-                if exc.fatal:
-                    raise
-                await self.send_error(exc)
-                continue
-            await self._send_all(decoded.replies)
-            if decoded.inputs:
-                return decoded.inputs
+            inputs = await self.decode(await self.io.receive())
+            if inputs:
+                return inputs
+
+    async def decode(self, frame: Frame) -> list[ClientInput]:
+        """One frame's inputs (none, for a frame the codec refused: that costs an error
+        event, and the connection goes on unless the error is fatal)."""
+        try:
+            decoded = self.codec.decode(frame)
+        except VoiceAgentError as exc:
+            if exc.fatal:
+                raise
+            await self.send_error(exc)
+            return []
+        await self._send_all(decoded.replies)
+        return decoded.inputs
 
     async def send(self, event: Event) -> None:
         await self._send_all(self.codec.encode(event))

@@ -42,6 +42,7 @@ from services.common.protocol.events import (
     TranscriptFinal,
     TranscriptPartial,
 )
+from services.common.service.ws import ReadAhead
 from services.gateway import metrics
 from services.gateway.agent import Agent, Turn, reply_turns
 from services.gateway.bus import GatewayBus
@@ -54,6 +55,11 @@ from services.gateway.store import SessionStore
 from services.gateway.turn_end import EndOfTurn, Heard, word_rules_apply
 
 log = logging.getLogger(__name__)
+
+READ_AHEAD_BYTES = 2 << 20
+"""Client frames a session reads ahead of its handling: about a minute of 16 kHz audio, so
+a Redis call that stalls the handling never stops the socket being read (and a close
+answered) for a client sending in real time."""
 
 
 class SessionClosed(Exception):
@@ -135,11 +141,16 @@ class Session:
     # ------------------------------------------------------------------ client inputs
 
     async def serve(self) -> None:
-        """Read client inputs until the client leaves or closes the session."""
+        """Handle client inputs until the client leaves or closes the session. A task of its
+        own reads the socket ahead of the handling (ReadAhead): the client's close is read
+        and answered at once, even while an input waits on Redis; the handling ends at the
+        next frame it asks for (Disconnected)."""
         self._spawn(self._process_inbox(), "inbox")
+        frames = ReadAhead(READ_AHEAD_BYTES)
+        self._spawn(frames.read(self.channel.io), "reader")
         try:
             while True:
-                for item in await self.channel.receive():
+                for item in await self.channel.decode(await frames.get()):
                     try:
                         await self._on_input(item)
                     except SessionClosed:

@@ -259,33 +259,38 @@ async def running_session(
     hearing = listening(policy, vad or VadSettings(), settings)
     listener = Listener(cast(SileroVad, EnergyVad()), hearing, 16000)
     config = SessionConfig(id="sess_test", output_sample_rate=16000, partials=partials)
-    async with asyncio.TaskGroup() as tasks:
-        services = SessionServices(cast(GatewayBus, bus), settings, agents, policy, clock=loop.time)
-        io = Channel(socket, "gateway", 1 << 20)  # type: ignore[arg-type]
-        session = Session(
-            config,
-            SessionChannel(io, NativeCodec()),
-            listener,
-            services,
-            tasks,
-            tenant="default",
-            meter=NO_METER,
-            history=[],
-        )
-        bus.deliver = session.deliver
+    try:
+        async with asyncio.TaskGroup() as tasks:
+            services = SessionServices(
+                cast(GatewayBus, bus), settings, agents, policy, clock=loop.time
+            )
+            io = Channel(socket, "gateway", 1 << 20)  # type: ignore[arg-type]
+            session = Session(
+                config,
+                SessionChannel(io, NativeCodec()),
+                listener,
+                services,
+                tasks,
+                tenant="default",
+                meter=NO_METER,
+                history=[],
+            )
+            bus.deliver = session.deliver
 
-        async def serve() -> None:
-            with contextlib.suppress(Disconnected):
-                await session.serve()
+            async def serve() -> None:
+                with contextlib.suppress(Disconnected):
+                    await session.serve()
 
-        server = tasks.create_task(serve())
-        try:
-            yield Harness(session, socket, bus)
-        finally:
-            await socket.incoming.put({"type": "websocket.disconnect"})
-            await server
-            for task in list(bus._tasks):
-                task.cancel()
+            server = tasks.create_task(serve())
+            try:
+                yield Harness(session, socket, bus)
+            finally:
+                await socket.incoming.put({"type": "websocket.disconnect"})
+                await server
+                for task in list(bus._tasks):
+                    task.cancel()
+    except* Disconnected:
+        pass  # the user hung up: the session's reader ended it
 
 
 def pcm_ms(pcm: bytes, rate: int = 16000) -> float:

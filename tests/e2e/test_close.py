@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -23,7 +26,15 @@ import pytest
 import websockets
 from websockets.asyncio.client import ClientConnection
 
+from services.common.bus.settings import RedisSettings
+from services.gateway.admission import AdmissionSettings
+from services.gateway.app import create_app
+from services.gateway.settings import GatewaySection, GatewaySettings
+from services.ops.redis_server import free_port, start_redis
+from services.tts.app import create_app as tts_app
+from services.tts.settings import TtsSettings
 from tests.conftest import RedisProc, Stack, start_stack
+from tests.servers import ServerThread
 from tests.speech import speak, to_pcm16
 
 CLOSE_BOUND_S = 0.5
@@ -131,3 +142,49 @@ async def test_the_asr_stream_answers_a_close_while_audio_comes_in(stack: Stack)
 
 async def _is(value: Awaitable[int], expected: int) -> bool:
     return await value == expected
+
+
+@pytest.mark.parametrize("what", ["session.update", "conversation.text", "response.cancel"])
+async def test_the_gateway_answers_a_close_while_an_input_waits_on_redis(
+    tmp_path: Path, what: str
+) -> None:
+    """An input whose handling waits on Redis (a save, a cancellation: here a Redis
+    stopped with SIGSTOP) with one more frame behind it: the close is read and answered at
+    once (it waited 10 s and ended 1006: the server stops reading while a message sits
+    unread), and the session ends."""
+    port = free_port()
+    redis = start_redis(port, tmp_path)
+    bus = RedisSettings(url=f"redis://127.0.0.1:{port}/0")
+    section = GatewaySection(admission=AdmissionSettings(enabled=False))
+    settings = GatewaySettings(profile="fake", redis=bus, gateway=section)
+    try:
+        with (
+            ServerThread(tts_app(TtsSettings(profile="fake", redis=bus))),
+            ServerThread(create_app(settings)) as gateway,
+        ):
+            ws = await websockets.connect(f"{gateway.ws}/v1/stream", max_queue=None)
+            await ws.recv()  # session.created
+            reader = Reader(ws)
+            if what == "response.cancel":
+                await ws.send(json.dumps({"type": "response.create", "text": LONG_TEXT}))
+                await asyncio.wait_for(reader.flowing.wait(), 20)
+            os.kill(redis.pid, signal.SIGSTOP)
+            try:
+                message = {
+                    "session.update": {"type": "session.update", "session": {"voice": "x"}},
+                    "conversation.text": {"type": "conversation.text", "text": "hello"},
+                    "response.cancel": {"type": "response.cancel"},
+                }[what]
+                await ws.send(json.dumps(message))
+                await ws.send(bytes(640))  # a live client's next 20 ms of audio
+                await asyncio.sleep(0.2)  # the handling is now waiting on Redis
+                took = await timed_close(ws)
+            finally:
+                os.kill(redis.pid, signal.SIGCONT)
+            print(f"{what}: close answered in {took * 1000:.1f} ms")
+            assert took < CLOSE_BOUND_S and ws.close_code == 1000, (took, ws.close_code)
+            await reader.task
+            await until(lambda: _is(active(gateway.http), 0), timeout_s=30)
+    finally:
+        redis.kill()
+        redis.wait(10)

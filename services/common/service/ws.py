@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from dataclasses import dataclass
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
@@ -116,3 +117,61 @@ class Channel:
                 await self.ws.send_text(text)
             except (WebSocketDisconnect, RuntimeError, OSError):
                 self.closed = True
+
+
+class ReadAhead:
+    """Frames read from a socket ahead of their handling, at most `max_bytes` of them.
+
+    A task that reads the socket into it at once (`read`) keeps the server reading, so a
+    client's close is read and answered while the handling waits (on Redis, say): a server
+    whose application leaves a message unread stops reading the socket, and a close queued
+    behind it waits as long. The handling then ends at its next `get`; it is not cancelled
+    (a Redis client may turn a cancellation into an error of its own, and the handling would
+    then wait for a frame forever). A client that sends faster than it is handled is held
+    back at the bound, as TCP would hold it back."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._frames: deque[Frame] = deque()
+        self._bytes = 0
+        self._ended = False
+        self._changed = asyncio.Condition()
+
+    async def read(self, channel: Channel) -> None:
+        """Read `channel` into this until the peer leaves; `get` then raises Disconnected,
+        whatever is still queued (the connection's work stops at its close). A fatal frame
+        (FrameTooBig) ends it too, and is raised here."""
+        try:
+            while True:
+                await self.put(await channel.receive())
+        except Disconnected:
+            pass
+        finally:
+            self._ended = True
+            async with self._changed:
+                self._changed.notify_all()
+
+    async def put(self, frame: Frame) -> None:
+        size = _size(frame)
+        async with self._changed:
+            await self._changed.wait_for(
+                lambda: not self._frames or self._bytes + size <= self.max_bytes
+            )
+            self._frames.append(frame)
+            self._bytes += size
+            self._changed.notify_all()
+
+    async def get(self) -> Frame:
+        """The next frame; Disconnected once the peer has left."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: bool(self._frames) or self._ended)
+            if self._ended:
+                raise Disconnected
+            frame = self._frames.popleft()
+            self._bytes -= _size(frame)
+            self._changed.notify_all()
+            return frame
+
+
+def _size(frame: Frame) -> int:
+    return len(frame.data) if frame.data is not None else len(frame.text or "")
