@@ -11,6 +11,7 @@ import logging
 
 from pydantic import BaseModel, ValidationError
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from services.common.bus.connection import REDIS_DOWN
 from services.common.bus.durable import durable_set
@@ -59,7 +60,7 @@ class SessionStore:
             await durable_set(
                 self.redis, self.settings, self.key(config.id), stored.model_dump_json(), self.ttl_s
             )
-        except REDIS_DOWN as exc:
+        except (*REDIS_DOWN, RedisError) as exc:  # out of reach, or refusing (OOM, say)
             log.warning("could not save session %s: %s", config.id, exc)
 
     async def load(self, session_id: str, tenant: str) -> tuple[SessionConfig, list[Turn]] | None:
@@ -67,7 +68,7 @@ class SessionStore:
         Forbidden when it is another tenant's (its id leaked or was guessed)."""
         try:
             raw = await self.redis.get(self.key(session_id))
-        except REDIS_DOWN as exc:
+        except (*REDIS_DOWN, RedisError) as exc:
             log.warning("could not load session %s: starting afresh (%s)", session_id, exc)
             return None
         if raw is None:

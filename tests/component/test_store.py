@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
@@ -12,7 +13,7 @@ from services.common.errors import Forbidden
 from services.common.protocol.events import SessionConfig
 from services.gateway.agent import Turn
 from services.gateway.store import SessionStore, StoredSession
-from services.ops.redis_server import free_port
+from services.ops.redis_server import free_port, start_redis
 from tests.conftest import RedisProc
 
 
@@ -49,3 +50,20 @@ async def test_redis_out_of_reach_costs_only_the_resume() -> None:
         assert await store.load("sess_a", "t") is None
     finally:
         await redis.aclose()
+
+
+async def test_a_redis_refusing_writes_costs_only_the_resume(tmp_path: Path) -> None:
+    """A Redis out of memory answers OOM (not an outage): the session goes on unsaved."""
+    port = free_port()
+    proc = start_redis(port, tmp_path)
+    redis = Redis(port=port)
+    store = SessionStore(redis, "t", ttl_s=60)
+    try:
+        await redis.config_set("maxmemory", 1)  # below what it uses: every write refused
+        await redis.config_set("maxmemory-policy", "noeviction")
+        await store.save(SessionConfig(id="sess_oom"), [Turn("user", "hi")], "acme")
+        assert await store.load("sess_oom", "acme") is None
+    finally:
+        await redis.aclose()
+        proc.kill()
+        proc.wait(10)
