@@ -48,6 +48,10 @@ from services.gateway.twilio import TWILIO_SESSION, TwilioCodec, wait_for_start
 
 log = logging.getLogger(__name__)
 
+TAKE_OVER_S = 10.0
+"""How long a session resumed on another connection gets to end on its old one (its
+handling finishing an input, its save)."""
+
 Restored = tuple[SessionConfig, list[Turn]] | None
 """A stored session being resumed (its settings and history), or None."""
 
@@ -122,6 +126,8 @@ def create_app(
     retry_s = min(section.asr_timeout_s, section.tts_timeout_s)
     bus = GatewayBus(redis, settings.redis, gateway_id, retry_s=retry_s)
     sessions: dict[str, Session | DuplexSession] = {}
+    session_ended: dict[str, asyncio.Event] = {}
+    """Set when a session's connection has ended and the session is saved (take_over)."""
     admitted: set[WebSocket] = set()
     """Connections admitted and not yet ended, what `max_sessions` counts: a phone call
     waiting for its stream's start has no session yet, but holds its place."""
@@ -257,6 +263,8 @@ def create_app(
         config = token_settings(config, principal.session, agents)
         history: list[Turn] = []
         resumed_notice: str | None = None
+        if restored is not None and restored[0].id in sessions:
+            restored = await take_over(restored[0].id, principal.tenant)
         if restored is not None and restored[0].id not in sessions:
             config, history = restored
             config = config.model_copy(update={"resumed": True})
@@ -270,10 +278,12 @@ def create_app(
         )
         state.connection_opened()
         metrics.SESSIONS.inc()
+        saved = asyncio.Event()
         try:
             async with asyncio.TaskGroup() as tasks:
                 session = await new_session(ws, config, channel, listener, tasks, history)
                 sessions[config.id] = session
+                session_ended[config.id] = saved
                 drainer.opened()
                 notice = chosen.notice if config.agent == chosen.agent else None
                 await channel.send(SessionCreated(session=config, notice=resumed_notice or notice))
@@ -295,9 +305,29 @@ def create_app(
             except Exception:  # the session's end is counted whatever its save met
                 log.exception("session %s could not be saved", config.id)
             finally:
+                if session_ended.get(config.id) is saved:
+                    del session_ended[config.id]
+                saved.set()
                 drainer.closed()
                 metrics.SESSIONS.dec()
                 state.connection_closed()
+
+    async def take_over(session_id: str, tenant: str) -> Restored:
+        """A reconnect with the id of a session still open here (its client's network
+        changed before this side saw the old socket die): the old connection is closed and
+        its session saved, then loaded for the new one. None (a new session) when it does
+        not end in time, or is a duplex session (those are not taken over)."""
+        old, ended = sessions.get(session_id), session_ended.get(session_id)
+        if not isinstance(old, Session) or ended is None:
+            return None
+        log.info("session %s resumed on another connection: the old one is closed", session_id)
+        await old.take_over()
+        try:
+            await asyncio.wait_for(ended.wait(), TAKE_OVER_S)
+        except TimeoutError:
+            log.warning("session %s did not end in %.0f s: a new session", session_id, TAKE_OVER_S)
+            return None
+        return await store.load(session_id, tenant)
 
     async def new_session(
         ws: WebSocket,

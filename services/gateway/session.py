@@ -137,6 +137,8 @@ class Session:
         self.replies = Replies(
             context, self.settings, services.agents, lambda: self.config, self.history
         )
+        self._frames = ReadAhead(READ_AHEAD_BYTES)
+        """The client's frames, read ahead of their handling (serve)."""
 
     # ------------------------------------------------------------------ client inputs
 
@@ -146,7 +148,7 @@ class Session:
         and answered at once, even while an input waits on Redis; the handling ends at the
         next frame it asks for (Disconnected)."""
         self._spawn(self._process_inbox(), "inbox")
-        frames = ReadAhead(READ_AHEAD_BYTES)
+        frames = self._frames
         self._spawn(frames.read(self.channel.io), "reader")
         try:
             while True:
@@ -162,6 +164,13 @@ class Session:
                         await self.channel.send_error(exc)
         finally:
             await self._stop()
+
+    async def take_over(self) -> None:
+        """Another connection resumes this session (its client reconnected before this
+        socket was found dead): this one is told and closed, and its handling ends as if
+        its client had left (the session is then saved, for the new connection to load)."""
+        await self.channel.close(1000, "resumed on another connection")
+        await self._frames.end()
 
     async def _on_input(self, item: ClientInput) -> None:
         match item:

@@ -106,3 +106,31 @@ async def test_a_session_saved_with_an_agent_this_gateway_lacks_resumes_with_its
                         event = json.loads(frame)
                         assert event["type"] != "error", event
             assert event["status"] == "completed" and event["text"] == "hello again"
+
+
+async def test_a_reconnect_takes_over_a_session_still_open_here(bus: RedisSettings) -> None:
+    """A client whose network changed reconnects before the gateway saw its old socket die:
+    the old connection is closed and the session, history included, goes on the new one
+    (it was a new, empty session)."""
+    app = create_app(_settings(bus))
+    with ServerThread(app) as gateway:
+        old = await websockets.connect(f"{gateway.ws}/v1/stream", max_queue=None)
+        session_id = (await _first(old))["session"]["id"]  # type: ignore[index]
+        await old.send(json.dumps({"type": "conversation.text", "text": "the blue door"}))
+        async with asyncio.timeout(20):
+            while not (isinstance(f := await old.recv(), str) and '"response.done"' in f):
+                pass
+        url = f"{gateway.ws}/v1/stream?session_id={session_id}"
+        async with websockets.connect(url, max_queue=None) as new:
+            session = (await _first(new))["session"]
+            assert session["id"] == session_id and session["resumed"] is True  # type: ignore[index]
+            history = app.state.sessions[session_id].history
+            assert [(t.role, t.text) for t in history] == [
+                ("user", "the blue door"),
+                ("agent", "the blue door"),
+            ]
+            with pytest.raises(websockets.ConnectionClosed):
+                async with asyncio.timeout(10):
+                    while True:
+                        await old.recv()
+            assert old.close_code == 1000 and old.close_reason == "resumed on another connection"

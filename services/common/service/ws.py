@@ -147,9 +147,7 @@ class ReadAhead:
         except Disconnected:
             pass
         finally:
-            self._ended = True
-            async with self._changed:
-                self._changed.notify_all()
+            await self.end()
 
     async def put(self, frame: Frame) -> None:
         size = _size(frame)
@@ -159,6 +157,12 @@ class ReadAhead:
             )
             self._frames.append(frame)
             self._bytes += size
+            self._changed.notify_all()
+
+    async def end(self) -> None:
+        """End the handling as the peer's leaving would (the connection is taken over)."""
+        self._ended = True
+        async with self._changed:
             self._changed.notify_all()
 
     async def get(self) -> Frame:
