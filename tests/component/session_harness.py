@@ -28,7 +28,7 @@ from starlette.websockets import WebSocketState
 from services.common.audio.listener import Listener
 from services.common.audio.pcm import pcm16_to_float
 from services.common.audio.vad import SileroVad, VadSettings
-from services.common.auth.limits import NO_METER
+from services.common.auth.limits import NO_METER, AudioMeter
 from services.common.bus.messages import AsrJob, BusResult, TtsJob
 from services.common.protocol.events import SessionConfig
 from services.common.service.ws import Channel, Disconnected
@@ -248,6 +248,7 @@ async def running_session(
     agents: dict[str, Callable[[], Agent]] = AGENTS,
     end_of_turn: EndOfTurn | None = None,
     partials: bool = True,
+    meter: AudioMeter = NO_METER,
     **bus_options: Any,
 ) -> AsyncIterator[Harness]:
     """A session serving a fake socket; the user hangs up at the end."""
@@ -272,7 +273,7 @@ async def running_session(
                 services,
                 tasks,
                 tenant="default",
-                meter=NO_METER,
+                meter=meter,
                 history=[],
             )
             bus.deliver = session.deliver

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from services.common.audio.vad import VadSettings
+from services.common.auth.limits import AudioMeter
 from services.common.errors import AgentFailed
 from services.common.service.process import RecentSamples
 from services.gateway import metrics
@@ -502,3 +503,25 @@ async def test_two_answers_begun_at_once_leave_no_reply_behind() -> None:
         assert "failed" not in ended.values(), ended
         assert not h.of_type("error"), h.of_type("error")
         assert h.audio_bytes(since=cancelled_at + 0.3) == 0  # the cancel reached every reply
+
+
+class _CountingMeter(AudioMeter):
+    def __init__(self) -> None:
+        super().__init__(None, "", None)
+        self.bytes = 0
+
+    async def add_pcm16(self, n_bytes: int, sample_rate: int) -> None:
+        self.bytes += n_bytes
+
+
+@on_virtual_time
+async def test_a_refused_audio_frame_is_not_metered() -> None:
+    """Empty, odd or over-long frames cost an error, not the tenant's audio quota."""
+    meter = _CountingMeter()
+    async with running_session(meter=meter) as h:
+        for frame in (b"", bytes(321)):
+            await h.socket.incoming.put({"type": "websocket.receive", "bytes": frame})
+            await h.wait_for("error", count=1 if frame == b"" else 2)
+        assert meter.bytes == 0
+        await h.say(silence(20))
+        assert meter.bytes == 640
