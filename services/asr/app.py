@@ -26,6 +26,7 @@ from services.common.bus.streams import JobStream, consumed_shards, unique_consu
 from services.common.bus.worker import JobWorker
 from services.common.platform.devices import cuda_index
 from services.common.platform.threads import limit_blas_threads
+from services.common.service.body_limit import BodyLimit
 from services.common.service.lifecycle import Background
 from services.common.service.routes import ServiceState, install_ops
 
@@ -97,7 +98,10 @@ def create_app(settings: AsrSettings, engine: AsrEngine | None = None) -> FastAP
     app = FastAPI(title="voice-agent ASR", lifespan=lifespan)
     install_ops(app, state)
     install_auth(app, settings.auth, redis, settings.redis.prefix, "asr")
-    app.include_router(router(models, int(section.max_upload_mb * 1024 * 1024), section.max_file_s))
+    max_upload = int(section.max_upload_mb * 1024 * 1024)
+    app.include_router(router(models, max_upload, section.max_file_s))
+    doors = ("/v1/audio/transcriptions", "/v1/audio/translations")
+    app.add_middleware(BodyLimit, limits=dict.fromkeys(doors, max_upload))
 
     @app.websocket("/v1/stream/asr")
     async def asr_stream(

@@ -27,7 +27,7 @@ from services.asr.render import FORMATS, TIMED, from_utterance, render
 from services.common import metrics
 from services.common.audio.pcm import decode_file_rate
 from services.common.auth.guard import meter_of
-from services.common.errors import InvalidAudio, InvalidMessage, UnknownModel
+from services.common.errors import InvalidMessage, UnknownModel, UploadTooLarge
 
 BATCHED_MAX_S = 30.0
 """Longest upload the batched path takes (Whisper's window): longer ones are decoded whole."""
@@ -39,12 +39,6 @@ class ModelNotFound(UnknownModel):
 
     code = "model_not_found"
     http_status = 404
-
-
-class UploadTooLarge(InvalidAudio):
-    """An upload over `max_upload_mb`: HTTP 413, as OpenAI answers."""
-
-    http_status = 413
 
 
 def router(models: AsrModels, max_upload_bytes: int, max_file_s: float) -> APIRouter:

@@ -38,6 +38,12 @@ class InvalidAudio(VoiceAgentError):
     http_status = 400
 
 
+class UploadTooLarge(InvalidAudio):
+    """An upload over its service's limit: HTTP 413, as OpenAI answers."""
+
+    http_status = 413
+
+
 class UnsupportedSampleRate(VoiceAgentError):
     """A sample rate outside the allowed set."""
 

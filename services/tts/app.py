@@ -16,6 +16,7 @@ from services.common.bus.streams import JobStream, consumed_shards, unique_consu
 from services.common.bus.worker import JobWorker
 from services.common.platform.devices import cuda_index
 from services.common.platform.threads import limit_blas_threads
+from services.common.service.body_limit import BodyLimit
 from services.common.service.lifecycle import Background
 from services.common.service.routes import ServiceState, install_ops
 from services.tts.consumer import TtsJobHandler
@@ -92,6 +93,7 @@ def create_app(settings: TtsSettings, engine: TtsEngine | None = None) -> FastAP
     install_auth(app, settings.auth, redis, settings.redis.prefix, "tts")
     app.include_router(router(synthesizer, section.max_input_chars))
     app.include_router(voices_router(synthesizer, library))
+    app.add_middleware(BodyLimit, limits={"/v1/voices": section.voices.max_upload_bytes})
 
     @app.websocket("/v1/stream/tts")
     async def tts_stream(ws: WebSocket) -> None:

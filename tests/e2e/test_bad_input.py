@@ -5,6 +5,7 @@ Non-fatal errors are followed, on the same connection, by an operation that succ
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 
@@ -579,6 +580,43 @@ def test_rest_transcription_missing_file(asr_http: httpx.Client) -> None:
 def test_rest_transcription_over_limit(asr_http: httpx.Client) -> None:
     too_big = bytes(25 * 1024 * 1024 + 1)  # the default max_upload_mb is 25
     assert "exceeds" in _error(_transcribe(asr_http, too_big), 413, "invalid_audio")
+    assert asr_http.get("/ready").status_code == 200
+
+
+async def test_rest_upload_declared_past_the_limit_is_refused_before_its_body(
+    lite_stack: Stack,
+) -> None:
+    """A Content-Length past the limit gets its 413 at once: no byte of the body is read."""
+    where = httpx.URL(lite_stack.asr.http)
+    reader, writer = await asyncio.open_connection(where.host, where.port)
+    head = (
+        "POST /v1/audio/transcriptions HTTP/1.1\r\nHost: asr\r\n"
+        "Content-Type: multipart/form-data; boundary=b\r\nContent-Length: 10000000000\r\n\r\n"
+    )
+    writer.write(head.encode())
+    await writer.drain()
+    status = await asyncio.wait_for(reader.readline(), 10)
+    writer.close()
+    assert status.split()[1] == b"413", status
+
+
+def test_rest_upload_sent_chunked_is_refused_once_past_the_limit(asr_http: httpx.Client) -> None:
+    """Sent chunked (no Content-Length), it is refused with the same typed 413 once past the
+    limit (the rest is discarded as the client sends it, not spooled to disk: not
+    observable here; the declared case above shows the refusal comes first)."""
+
+    def body() -> Iterator[bytes]:
+        yield b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n'
+        for _ in range(30):  # 30 MB: past the default 25 MB
+            yield bytes(1024 * 1024)
+
+    headers = {"content-type": "multipart/form-data; boundary=b"}
+    try:
+        response = asr_http.post("/v1/audio/transcriptions", content=body(), headers=headers)
+    except httpx.TransportError:  # the server answered and closed while we still sent
+        pass
+    else:
+        assert "exceeds" in _error(response, 413, "invalid_audio")
     assert asr_http.get("/ready").status_code == 200
 
 

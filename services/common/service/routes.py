@@ -23,6 +23,7 @@ from services.common.errors import (
     InternalError,
     InvalidMessage,
     UnsupportedSampleRate,
+    UploadTooLarge,
     VoiceAgentError,
 )
 from services.common.platform.gpu import gpu_report
@@ -142,6 +143,8 @@ def _first_problem(errors: Sequence[Any]) -> tuple[str, str]:
 def http_exception_error(exc: HTTPException) -> VoiceAgentError:
     """Starlette's own refusals (unknown route 404, wrong method 405, unreadable body 400)
     as typed errors, so every HTTP error has the same JSON shape."""
+    if exc.status_code == 413:  # a body past its limit (BodyLimit)
+        return UploadTooLarge(str(exc.detail))
     error = (
         InvalidMessage(str(exc.detail))
         if exc.status_code < 500

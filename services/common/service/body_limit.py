@@ -1,0 +1,54 @@
+"""Uploads refused past their limit before they are read whole (HTTP 413).
+
+An endpoint that takes a multipart upload sees it only once the framework has read and
+spooled the whole body (to disk past 1 MB): its own size check comes after a client has
+sent as much as it likes. `BodyLimit` refuses the body first: by its `Content-Length` at
+once, or, sent chunked, as soon as the bytes read pass the limit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from services.common.errors import UploadTooLarge
+
+FORM_MARGIN = 64 * 1024
+"""What a multipart body holds besides its file (boundaries, headers, form fields): the
+endpoint checks the file itself against the limit, with its own message."""
+
+
+class BodyLimit:
+    """An ASGI middleware: POST bodies to `limits`' paths of at most their bytes."""
+
+    def __init__(self, app: ASGIApp, limits: Mapping[str, int]) -> None:
+        self.app = app
+        self.limits = dict(limits)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        limit = self.limits.get(scope.get("path", "")) if scope["type"] == "http" else None
+        if limit is None or scope.get("method") != "POST":
+            await self.app(scope, receive, send)
+            return
+        most = limit + FORM_MARGIN
+        refused = f"the upload exceeds the limit of {limit} bytes"
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > most:
+            error = UploadTooLarge(refused)
+            await JSONResponse(error.body(), error.http_status)(scope, receive, send)
+            return
+        read = 0
+
+        async def limited() -> Message:
+            nonlocal read
+            message = await receive()
+            if message["type"] == "http.request":
+                read += len(message.get("body", b""))
+                if read > most:  # FastAPI passes an HTTPException from the body on as it is
+                    raise HTTPException(413, refused)
+            return message
+
+        await self.app(scope, limited, send)
