@@ -34,23 +34,29 @@ class _Batcher:
         return Transcript(text="hello", language="en")
 
 
+@pytest.fixture
+def published(monkeypatch: pytest.MonkeyPatch) -> list[dict[bytes, bytes]]:
+    """What the handler publishes (to its job's reply stream)."""
+    sent: list[dict[bytes, bytes]] = []
+
+    async def publish(
+        _redis: Any, _settings: Any, _stream: str, fields: Any, durable: bool
+    ) -> None:
+        sent.append(fields)
+
+    monkeypatch.setattr(consumer, "publish", publish)
+    return sent
+
+
 @pytest.mark.parametrize(
     ("sample_rate", "source_rate", "heard_as"),
     [(16000, 8000, 8000), (16000, None, 16000), (8000, 8000, 8000), (8000, None, 8000)],
 )
 def test_a_job_s_audio_reaches_the_engine_at_its_rate_with_its_source_rate(
-    monkeypatch: pytest.MonkeyPatch, sample_rate: int, source_rate: int | None, heard_as: int
+    published: list[dict[bytes, bytes]], sample_rate: int, source_rate: int | None, heard_as: int
 ) -> None:
     """The source rate the job names; else the rate of the audio it carries (audio sent
     at 8 kHz is telephone-band, whoever sent it)."""
-    published: list[dict[bytes, bytes]] = []
-
-    async def publish(
-        _redis: Any, _settings: Any, _stream: str, fields: Any, durable: bool
-    ) -> None:
-        published.append(fields)
-
-    monkeypatch.setattr(consumer, "publish", publish)
     batcher = _Batcher()
     handler = AsrJobHandler(cast(Batcher, batcher), cast(Redis, None), RedisSettings())
     job = AsrJob(
@@ -69,16 +75,10 @@ def test_a_job_s_audio_reaches_the_engine_at_its_rate_with_its_source_rate(
     assert AsrResult.model_validate_json(published[0][b"meta"]).text == "hello"
 
 
-def test_a_job_longer_than_the_limit_is_refused_not_cut(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_job_longer_than_the_limit_is_refused_not_cut(
+    published: list[dict[bytes, bytes]],
+) -> None:
     """Whisper hears 30 s at a time: a longer job would lose its end without a word."""
-    published: list[dict[bytes, bytes]] = []
-
-    async def publish(
-        _redis: Any, _settings: Any, _stream: str, fields: Any, durable: bool
-    ) -> None:
-        published.append(fields)
-
-    monkeypatch.setattr(consumer, "publish", publish)
     batcher = _Batcher()
     handler = AsrJobHandler(cast(Batcher, batcher), cast(Redis, None), RedisSettings(), 5.0)
     job = AsrJob(job_id="a", session_id="s", utterance_id="u", reply_to="replies")
