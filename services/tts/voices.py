@@ -30,7 +30,7 @@ from redis.asyncio import Redis
 
 from services.common.audio.pcm import AudioF32, decode_file, encode_audio
 from services.common.bus.keys import Keys
-from services.common.errors import InvalidAudio, InvalidMessage
+from services.common.errors import InvalidAudio, InvalidMessage, UploadTooLarge
 from services.common.tenancy import DEFAULT_TENANT
 from services.tts.engines.base import LibraryVoice
 from services.tts.settings import VoiceLibrarySettings
@@ -93,7 +93,7 @@ def check_clip(stats: ClipStats, settings: VoiceLibrarySettings) -> None:
 def decode_clip(data: bytes, settings: VoiceLibrarySettings) -> tuple[AudioF32, ClipStats]:
     """Decode and validate an upload; blocking (PyAV): call it off the event loop."""
     if len(data) > settings.max_upload_bytes:
-        raise InvalidAudio(f"the upload exceeds {settings.max_upload_bytes} bytes")
+        raise UploadTooLarge(f"the upload exceeds {settings.max_upload_bytes} bytes")
     # twice the longest clip: a longer one gets check_clip's message, and a small file of a
     # low bitrate that holds hours stops decoding early
     samples = decode_file(data, settings.sample_rate, max_seconds=2 * settings.max_duration_s)
