@@ -29,6 +29,10 @@ from services.common.audio.pcm import (
 )
 
 
+class NoAnswer(TimeoutError):
+    """The event waited for did not come in time (the session goes on)."""
+
+
 @dataclass
 class Received:
     """Everything one turn brought back, with arrival times (time.monotonic)."""
@@ -244,7 +248,7 @@ class StreamClient:
         found = self._find(kind, predicate)
         if found is not None:
             return found
-        raise TimeoutError(
+        raise NoAnswer(
             f"no {kind} within {timeout_s} s; got {[e for _, e in self._received.events]}"
         )
 

@@ -46,9 +46,9 @@ from services.common.protocol.events import (
     SpeechStopped,
     TranscriptFinal,
     TranscriptPartial,
+    not_blank,
 )
 from services.common.service.ws import Frame
-from services.common.text import CONTROL_CHARACTERS
 from services.gateway import realtime_events as rt
 from services.gateway import realtime_shapes as shapes
 from services.gateway.codec import AudioIn, ClientInput, Decoded, Outgoing, WireAudio
@@ -201,12 +201,10 @@ class RealtimeCodec:
                 "item",
             )
         text = " ".join(texts)
-        if not text.strip() or CONTROL_CHARACTERS.search(text):
-            raise rt.RealtimeError(
-                "item.content: the text must say something, and hold no control characters",
-                "invalid_value",
-                "item.content",
-            )
+        try:
+            not_blank(text)
+        except ValueError as exc:
+            raise rt.RealtimeError(f"item.content: {exc}", "invalid_value", "item.content") from exc
         if len(" ".join([*self._texts, text])) > MAX_TEXT_CHARS:
             raise rt.RealtimeError(
                 f"item.content: the user's text items before a response.create exceed "

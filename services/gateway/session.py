@@ -175,9 +175,8 @@ class Session:
     async def _on_input(self, item: ClientInput) -> None:
         match item:
             case AudioIn():
-                self.hearing.listener.check_frame(item.pcm)  # a refused frame is not metered
+                await self.hearing.hear(item.pcm)  # a frame it refuses is not metered
                 await self.meter.add_pcm16(len(item.pcm), self.config.input_sample_rate)
-                await self.hearing.hear(item.pcm)
             case SessionUpdate():
                 await self._update(item)
             case InputAudioCommit():

@@ -146,9 +146,10 @@ def up(args: argparse.Namespace) -> None:
     urls = _service_urls()
     taken = _ports_in_use(urls)
     if taken:
+        ports = f"port {taken[0]} is" if len(taken) == 1 else f"ports {', '.join(taken)} are"
         raise SystemExit(
-            f"voice-agent up: port {', '.join(taken)} is in use: is another `voice-agent up`"
-            " (`make run`) running? Stop it, or give this one other ports with the settings named"
+            f"voice-agent up: {ports} in use: is another `voice-agent up` (`make run`) running?"
+            " Stop it, or give this one other ports with the settings named"
         )
     procs: list[subprocess.Popen[bytes]] = []
     if not reachable(settings.redis.url):
@@ -237,6 +238,7 @@ def _client_problem(exc: Exception, args: argparse.Namespace) -> str | None:
     """What a user did wrong (or has not started), in one line; None for a bug."""
     import websockets
 
+    from services.client.stream import NoAnswer
     from services.common.errors import VoiceAgentError
 
     if isinstance(exc, FileNotFoundError | IsADirectoryError | PermissionError):
@@ -253,7 +255,7 @@ def _client_problem(exc: Exception, args: argparse.Namespace) -> str | None:
                 "or client token (docs/auth.md)"
             )
         return f"the gateway refused the connection with HTTP {status} ({args.url})"
-    if isinstance(exc, TimeoutError) and "response.done" in str(exc):
+    if isinstance(exc, NoAnswer):
         return (
             f"no complete answer within {args.timeout:g} s: did {args.wav} hold speech? "
             "(--timeout gives the agent longer)"

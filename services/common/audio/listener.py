@@ -103,19 +103,13 @@ class Listener:
             return self.hear(samples)
         return await self.batcher.hear(self, samples)
 
-    def check_frame(self, pcm: bytes) -> None:
-        """InvalidAudio for an empty or odd frame; FrameTooBig above one second."""
+    def _to_vad_rate(self, pcm: bytes) -> AudioF32:
         if not pcm:
             raise InvalidAudio("an audio frame must hold at least one sample; this one is empty")
-        if len(pcm) % 2:
-            raise InvalidAudio(f"PCM16 audio must have an even number of bytes, got {len(pcm)}")
         if len(pcm) > self.max_frame_bytes():
             raise FrameTooBig(
                 f"audio frame of {len(pcm)} bytes is longer than 1 s at {self.input_rate} Hz"
             )
-
-    def _to_vad_rate(self, pcm: bytes) -> AudioF32:
-        self.check_frame(pcm)
         return self._resampler.process(pcm16_to_float(pcm))
 
     def hear(self, samples: AudioF32) -> list[TurnEvent]:

@@ -7,9 +7,9 @@ Semantics (see ARCHITECTURE.md and docs/redis-ha.md):
 - a job whose handler fails for a reason a retry would meet again (its own input, a bug)
   is answered `job.failed` and acknowledged, not retried; one delivered more than
   `max_deliveries` times (its worker died on it each time) goes to `<stream>:dead`, and its
-  owner is told `job.failed` too; a live
-  worker's own job in flight that went idle (its touches lost in a failover) is taken back
-  without spending a delivery, and is never started a second time;
+  owner is told `job.failed` too; a live worker's own job in flight that went idle (its
+  touches lost in a failover) is taken back without spending a delivery, and is never
+  started a second time;
 - every job carries an idempotency key (`job_id`): a worker skips a job already marked
   done, and consumers of results drop repeats, so a reclaimed job never shows twice;
 - streams are trimmed approximately (`MAXLEN ~`) with a generous cap, so trimming
@@ -229,15 +229,13 @@ async def publish(
 
 async def tell_failed(
     redis: Redis, settings: RedisSettings, fields: Fields, code: str, message: str
-) -> bool:
-    """Publish `job.failed` for the job of these entry fields to its owner's result stream;
-    False when its meta does not say where that is (the failure then stays in the log)."""
+) -> None:
+    """Publish `job.failed` for the job of these entry fields to its owner's result stream
+    (nothing when its meta does not say where that is: the failure then stays in the log)."""
     failure = failure_of(fields.get(b"meta", b""), code, message)
-    if failure is None:
-        return False
-    reply_to, failed = failure
-    await publish(redis, settings, reply_to, {b"meta": failed.dump()})
-    return True
+    if failure is not None:
+        reply_to, failed = failure
+        await publish(redis, settings, reply_to, {b"meta": failed.dump()})
 
 
 async def cancel(redis: Redis, keys: Keys, settings: RedisSettings, response_id: str) -> None:

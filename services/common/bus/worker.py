@@ -21,6 +21,7 @@ from redis.exceptions import RedisError, ResponseError
 from services.common.bus.connection import REDIS_DOWN
 from services.common.bus.keys import Keys
 from services.common.bus.streams import Delivery, JobStream, tell_failed
+from services.common.errors import InternalError
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +167,8 @@ class JobWorker:
             where = ".".join(str(part) for part in first["loc"])
             code, message = "invalid_message", f"malformed job: {where}: {first['msg']}"
         else:
-            code, message = "internal", f"internal error ({type(exc).__name__})"
+            internal = InternalError.of(exc)
+            code, message = internal.code, internal.message
         try:
             await tell_failed(self.jobs.redis, self.jobs.settings, delivery.fields, code, message)
             if job_id is not None:

@@ -24,7 +24,9 @@ from services.common.errors import InvalidMessage, UnsupportedSampleRate
 from services.common.text import CONTROL_CHARACTERS
 
 
-def _not_blank(value: str) -> str:
+def not_blank(value: str) -> str:
+    """`value` when it says something in characters that are text; else ValueError (the
+    rule of NOT_BLANK, for text checked outside a model)."""
     if not value.strip():
         raise ValueError("must not be empty or only whitespace")
     if CONTROL_CHARACTERS.search(value):
@@ -54,7 +56,7 @@ def _bounded_json(value: Any) -> Any:
 BOUNDED_JSON = AfterValidator(_bounded_json)
 """A client's JSON document kept in the session (a tool's parameter schema): bounded."""
 
-NOT_BLANK = AfterValidator(_not_blank)
+NOT_BLANK = AfterValidator(not_blank)
 """Text that must say something, in characters that are text: `Annotated[str,
 Field(max_length=N), NOT_BLANK]`."""
 
