@@ -83,8 +83,8 @@ def create_app(settings: TtsSettings, engine: TtsEngine | None = None) -> FastAP
             yield
         finally:
             state.draining = True
-            for worker in workers:
-                await worker.drain(section.server.drain_timeout_s)
+            # all at once: each stops taking jobs now, and the wait is one timeout, not one each
+            await asyncio.gather(*(w.drain(section.server.drain_timeout_s) for w in workers))
             await background.stop()
             await redis.aclose()
 

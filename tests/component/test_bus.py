@@ -423,3 +423,74 @@ async def test_a_master_short_of_replicas_is_redis_out_of_reach(tmp_path: Path) 
             if proc is not None:
                 proc.terminate()
                 proc.wait(10)
+
+
+async def test_a_draining_worker_takes_no_new_job_and_leaves_its_stragglers_pending(
+    bus: tuple[RedisSettings, Keys],
+) -> None:
+    """Shutdown: the job that finishes within the drain is answered; one submitted after the
+    drain began is not taken; the one still running when the worker is cancelled is
+    cancelled, not acknowledged, and another worker answers both of the others once."""
+    settings, keys = bus
+    settings = settings.model_copy(update={"block_ms": 100})
+    redis = connect(settings)
+    stream, replies = keys.jobs("asr"), f"{settings.prefix}:drain-replies"
+    started: dict[str, asyncio.Event] = {name: asyncio.Event() for name in ("quick", "stuck")}
+    release, cancelled = asyncio.Event(), []
+
+    def name_of(delivery: Delivery) -> str:
+        return str(json.loads(delivery.fields[b"meta"])["job_id"])
+
+    async def first(delivery: Delivery) -> None:
+        name = name_of(delivery)
+        started[name].set()
+        try:
+            await release.wait() if name == "quick" else await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append(name)
+            raise
+        await publish(redis, settings, replies, {b"meta": delivery.fields[b"meta"]})
+
+    async def second(delivery: Delivery) -> None:
+        await publish(redis, settings, replies, {b"meta": delivery.fields[b"meta"]})
+
+    producer = JobStream(redis, settings, stream, "asr", "producer")
+    worker_a = JobWorker(JobStream(redis, settings, stream, "asr", "a"), keys, first, 4)
+    task_a = asyncio.create_task(worker_a.run())
+    task_b = None
+    try:
+        await producer.submit(job("quick"))
+        await producer.submit(job("stuck"))
+        async with asyncio.timeout(10):
+            for event in started.values():
+                await event.wait()
+        drain = asyncio.create_task(worker_a.drain(1.0))
+        async with asyncio.timeout(10):
+            await worker_a.stopped_reading.wait()
+        late = await producer.submit(job("late"))
+        release.set()
+        await drain  # returns at its timeout: "stuck" still runs
+        assert [json.loads(m[b"meta"])["job_id"] for _, m in await redis.xrange(replies)] == [
+            "quick"
+        ]
+        task_a.cancel()  # the end of the shutdown
+        await asyncio.gather(task_a, return_exceptions=True)
+        assert cancelled == ["stuck"]
+        assert not worker_a.in_flight
+        pending = await redis.xpending_range(stream, "asr", "-", "+", 10)
+        assert [p["consumer"] for p in pending] == [b"a"]  # "stuck" only; "late" never taken
+        assert late not in [p["message_id"] for p in pending]
+
+        worker_b = JobWorker(JobStream(redis, settings, stream, "asr", "b"), keys, second, 4)
+        task_b = asyncio.create_task(worker_b.run())
+        async with asyncio.timeout(20):
+            while await redis.xlen(replies) < 3:
+                await asyncio.sleep(0.05)
+        answered = [json.loads(m[b"meta"])["job_id"] for _, m in await redis.xrange(replies)]
+        assert sorted(answered) == ["late", "quick", "stuck"]
+    finally:
+        for task in (task_a, task_b):
+            if task is not None:
+                task.cancel()
+        await asyncio.gather(*(t for t in (task_a, task_b) if t), return_exceptions=True)
+        await redis.aclose()

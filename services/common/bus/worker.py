@@ -5,6 +5,11 @@ idempotency mark was set; a crash before that, or Redis out of reach, leaves it 
 for XAUTOCLAIM. A handler that raises anything else (a job it cannot validate, an
 engine's error on this input, a bug) would raise it again on every retry: its job is
 answered `job.failed` and acknowledged at once.
+
+Shutdown (`drain`): the worker stops taking jobs, lets those in flight finish for a
+while, and cancels the rest when its `run` is cancelled. A cancelled job is neither
+acknowledged nor answered: it stays pending, and another worker's XAUTOCLAIM takes it
+once it has gone idle (the heartbeat stops touching it).
 """
 
 from __future__ import annotations
@@ -57,14 +62,41 @@ class JobWorker:
         self.in_flight: set[asyncio.Task[None]] = set()
         self._entries: dict[asyncio.Task[None], bytes] = {}  # in-flight task → its entry
         self._last_reclaim = 0.0
+        self._draining = False
+        self.stopped_reading = asyncio.Event()
+        """Set once a drain has stopped the worker taking jobs (and when it is not running)."""
+        self.stopped_reading.set()
 
     async def run(self) -> None:
-        """Serve until cancelled; survives Redis outages by retrying with backoff."""
+        """Serve until cancelled or drained; survives Redis outages by retrying with backoff.
+
+        Drained, it returns once its jobs in flight are done. Cancelled, it cancels them:
+        they stay pending for another worker."""
+        self.stopped_reading.clear()
         heartbeat = asyncio.create_task(self._heartbeat(), name=f"touch-{self.jobs.stream}")
         try:
             await self._run()
+            self.stopped_reading.set()
+            if self.in_flight:  # the heartbeat keeps them this worker's meanwhile
+                await asyncio.wait(self.in_flight)
         finally:
+            self.stopped_reading.set()
             heartbeat.cancel()
+            await self._abandon()
+
+    async def _abandon(self) -> None:
+        """Cancel the jobs still in flight and wait a little for them to unwind."""
+        stragglers = list(self.in_flight)
+        if not stragglers:
+            return
+        for task in stragglers:
+            task.cancel()
+        log.warning(
+            "%d job(s) on %s left pending for another worker", len(stragglers), self.jobs.stream
+        )
+        _, stuck = await asyncio.wait(stragglers, timeout=2.0)
+        for task in stuck:
+            log.error("job task %s did not stop when cancelled", task.get_name())
 
     async def _heartbeat(self) -> None:
         """Every quarter of `claim_idle_ms`, touch the entries of the jobs in flight: only a
@@ -82,7 +114,7 @@ class JobWorker:
 
     async def _run(self) -> None:
         backoff = 0.2
-        while True:
+        while not self._draining:
             if _being_cancelled():  # an error that stood for the cancellation: stop, not retry
                 raise asyncio.CancelledError
             try:
@@ -112,7 +144,7 @@ class JobWorker:
 
     async def _serve(self) -> None:
         idle_s = self.jobs.settings.claim_idle_ms / 1000
-        while True:
+        while not self._draining:
             if _being_cancelled():  # a cancellation an await swallowed whole
                 raise asyncio.CancelledError
             free = self.concurrency - len(self.in_flight)
@@ -180,6 +212,20 @@ class JobWorker:
             )
 
     async def drain(self, timeout_s: float) -> None:
-        """Wait for jobs in flight to finish (shutdown)."""
-        if self.in_flight:
-            await asyncio.wait(self.in_flight, timeout=timeout_s)
+        """Shutdown: take no more jobs, and wait up to `timeout_s` for those in flight.
+
+        The reader stops at its next turn (a blocking read ends within `block_ms`; the
+        jobs it brings are run too). Jobs still running after `timeout_s` are cancelled
+        when `run` is, and left pending."""
+        self._draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self.stopped_reading.wait()
+        except TimeoutError:
+            log.warning("the reader of %s did not stop in %.0f s", self.jobs.stream, timeout_s)
+            return
+        left = deadline - loop.time()
+        if self.in_flight and left > 0:
+            await asyncio.wait(self.in_flight, timeout=left)
