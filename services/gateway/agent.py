@@ -51,6 +51,12 @@ class Turn:
     call_id: str | None = None
 
 
+def keep_recent(history: list[Turn], max_turns: int) -> None:
+    """Drop the oldest turns of `history` (in place) past `max_turns`."""
+    if len(history) > max_turns:
+        del history[: len(history) - max_turns]
+
+
 @dataclass(frozen=True, slots=True)
 class ToolsCalled:
     """The model called tools. The reply speaks its text so far before they run; calls of

@@ -52,7 +52,7 @@ from services.common.protocol.events import (
 )
 from services.common.service.ws import Disconnected
 from services.gateway import metrics
-from services.gateway.agent import Turn
+from services.gateway.agent import Turn, keep_recent
 from services.gateway.codec import AudioIn, AudioPlayed, ClientInput, SessionChannel
 from services.gateway.duplex_link import DuplexLink
 from services.gateway.hearing import new_id, turn_settings
@@ -286,6 +286,7 @@ class DuplexSession:
         self._said, self._saved = [], 0
         if text:
             self.history.append(Turn("agent", text))
+            keep_recent(self.history, self.settings.history_max_turns)
 
     async def _save_now_and_then(self) -> None:
         """Save the session while it runs (a gateway that dies loses little), with the agent's
@@ -303,6 +304,7 @@ class DuplexSession:
         text = "".join(self._said).strip()
         if text:
             history.append(Turn("agent", text))
+        keep_recent(history, self.settings.history_max_turns)
         await self.store.save(self.config, history, self.tenant)
 
 

@@ -29,8 +29,9 @@ class _Prepared:
     utterance_id: str
     text: str
     """The user's words it answers."""
-    history: int
-    """How many turns the history had before them."""
+    before: Turn | None
+    """The history's last turn before them (None: it was empty). The object itself: the
+    history keeps its newest turns only, so its length says nothing."""
 
 
 @dataclass
@@ -109,7 +110,8 @@ class Replies:
         history = [*self.history, Turn("user", heard.text)]
         source = respond(agent, history, config)
         reply = Reply(self.context, config, source, config.agent, utterance_id)
-        self._prepared = _Prepared(reply, utterance_id, heard.text, len(self.history))
+        before = self.history[-1] if self.history else None
+        self._prepared = _Prepared(reply, utterance_id, heard.text, before)
         await reply.start(held=True)
 
     async def discard_prepared(self) -> None:
@@ -119,11 +121,10 @@ class Replies:
     def _answers(self, prepared: _Prepared, utterance_id: str | None) -> bool:
         """Whether a prepared reply answers the turn that just ended: the same utterance,
         the same words, on the same history (nothing else was said since)."""
-        return (
-            prepared.utterance_id == utterance_id
-            and prepared.history == len(self.history) - 1
-            and self.history[-1] == Turn("user", prepared.text)
-        )
+        if prepared.utterance_id != utterance_id or not self.history:
+            return False
+        before = self.history[-2] if len(self.history) > 1 else None
+        return self.history[-1] == Turn("user", prepared.text) and before is prepared.before
 
     # ------------------------------------------------------------------ playing
 

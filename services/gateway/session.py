@@ -44,7 +44,7 @@ from services.common.protocol.events import (
 )
 from services.common.service.ws import ReadAhead
 from services.gateway import metrics
-from services.gateway.agent import Agent, Turn, reply_turns
+from services.gateway.agent import Agent, Turn, keep_recent, reply_turns
 from services.gateway.bus import GatewayBus
 from services.gateway.codec import AudioIn, AudioPlayed, ClientInput, SessionChannel
 from services.gateway.hearing import Hearing, Utterance
@@ -324,6 +324,8 @@ class Session:
         await self._save()
 
     async def _save(self) -> None:
+        """Every change of the history ends here: its oldest turns past the cap go first."""
+        keep_recent(self.history, self.settings.history_max_turns)
         if self.services.store is not None:
             await self.services.store.save(self.config, self.history, self.tenant)
 

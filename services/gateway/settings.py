@@ -191,6 +191,9 @@ class GatewaySection(BaseModel):
     """User speech must last this long during agent audio to interrupt it (a cough does not)."""
     resume_window_s: int = Field(default=300, ge=10, le=86_400)
     """A closed session's settings and history stay this long for `?session_id=` resume."""
+    history_max_turns: int = Field(default=200, ge=2, le=10_000)
+    """The turns a session keeps (in memory and in Redis for resume); older ones are
+    dropped. The LLM is sent the last `VA_LLM__HISTORY_TURNS` of them."""
     batch_vad: bool = True
     """Run the VAD of all sessions that sent audio in the same event-loop turn in one model
     call (less CPU per session at scale; no added wait)."""

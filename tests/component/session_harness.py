@@ -32,7 +32,7 @@ from services.common.auth.limits import NO_METER, AudioMeter
 from services.common.bus.messages import AsrJob, BusResult, TtsJob
 from services.common.protocol.events import SessionConfig
 from services.common.service.ws import Channel, Disconnected
-from services.gateway.agent import AGENTS, Agent
+from services.gateway.agent import AGENTS, Agent, Turn
 from services.gateway.bus import GatewayBus
 from services.gateway.codec import NativeCodec, SessionChannel
 from services.gateway.session import Session, SessionServices
@@ -249,9 +249,11 @@ async def running_session(
     end_of_turn: EndOfTurn | None = None,
     partials: bool = True,
     meter: AudioMeter = NO_METER,
+    history: list[Turn] | None = None,
     **bus_options: Any,
 ) -> AsyncIterator[Harness]:
-    """A session serving a fake socket; the user hangs up at the end."""
+    """A session serving a fake socket (with `history`, one resumed); the user hangs up at
+    the end."""
     loop = asyncio.get_running_loop()
     settings = settings or GatewaySection()
     socket = FakeSocket(loop)
@@ -274,7 +276,7 @@ async def running_session(
                 tasks,
                 tenant="default",
                 meter=meter,
-                history=[],
+                history=list(history or []),
             )
             bus.deliver = session.deliver
 

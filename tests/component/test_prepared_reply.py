@@ -127,3 +127,29 @@ async def test_a_client_text_turn_discards_what_was_prepared() -> None:
         done = await h.wait_for("response.done")
     assert done["text"] == "you said never mind"
     assert count("replies", "discarded") - discarded == 1
+
+
+@on_virtual_time
+async def test_a_session_keeps_its_newest_turns_and_still_plays_what_it_prepared() -> None:
+    """At the cap of `history_max_turns` the history's length stops telling whether anything
+    was said since a reply was prepared: the prepared reply is still played, and the
+    history keeps its newest turns only."""
+    used = count("replies", "used")
+    calls: list[list[Turn]] = []
+    earlier = [Turn("user" if i % 2 == 0 else "agent", f"turn {i}") for i in range(4)]
+    settings = GatewaySection(history_max_turns=4)
+    async with running_session(
+        settings=settings, transcripts=["book a table"], agents=agents(calls), history=earlier
+    ) as h:
+        await h.say(silence(200), tone(900), silence(1000))
+        done = await h.wait_for("response.done")
+    assert done["status"] == "completed" and done["text"] == "you said book a table"
+    assert count("replies", "used") - used == 1  # not asked again after the turn ended
+    assert len(calls) == 1
+    assert calls[0] == [*earlier, Turn("user", "book a table")]
+    assert [(t.role, t.text) for t in h.session.history] == [
+        ("user", "turn 2"),
+        ("agent", "turn 3"),
+        ("user", "book a table"),
+        ("agent", "you said book a table"),
+    ]
