@@ -22,6 +22,7 @@ from fastapi.responses import Response
 
 from services.asr.batcher import Batcher
 from services.asr.engines.base import AsrInput, AudioF32, FileEngine, FileRequest, FileTranscript
+from services.asr.engines.file import refuse_unknown_language
 from services.asr.models import AsrModels
 from services.asr.render import FORMATS, TIMED, from_utterance, render
 from services.common import metrics
@@ -142,6 +143,8 @@ async def _run(
     batcher: Batcher, request: FileRequest, fmt: str, duration_s: float
 ) -> FileTranscript:
     """The batched path for what it can answer, else the whole-file path."""
+    if isinstance(batcher.engine, FileEngine):
+        refuse_unknown_language(batcher.engine, request)
     plain = (
         fmt not in TIMED
         and request.task == "transcribe"

@@ -215,9 +215,25 @@ def test_translation_needs_a_multilingual_model(client: openai.OpenAI) -> None:
     assert isinstance(result.text, str)
 
 
-def test_a_language_the_model_does_not_know_is_refused(client: openai.OpenAI) -> None:
+@pytest.mark.parametrize("response_format", ["srt", "json", "text"])
+def test_a_language_the_model_does_not_know_is_refused(
+    client: openai.OpenAI, response_format: str
+) -> None:
+    """Whichever path serves the format: the whole-file one (srt) or the batched one
+    (json, text), which used to detect a language instead."""
     with pytest.raises(openai.BadRequestError) as refused:
         client.audio.transcriptions.create(
-            model="whisper-1", file=_wav(speak("hello")), language="de", response_format="srt"
+            model="whisper-1",
+            file=_wav(speak("hello")),
+            language="de",
+            response_format=response_format,  # type: ignore[call-overload]
         )
     assert "knows English only" in str(refused.value.body)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.audio.transcriptions.create(
+            model=RANDOM,
+            file=_wav(speak("hello")),
+            language="xx",
+            response_format=response_format,  # type: ignore[call-overload]
+        )
+    assert "'xx' is not one model" in str(refused.value.body)

@@ -17,10 +17,21 @@ from collections.abc import Generator
 from contextlib import AbstractContextManager
 from typing import Any, Final
 
-from services.asr.engines.base import FileRequest, FileTranscript, Segment, Word
+from services.asr.engines.base import FileEngine, FileRequest, FileTranscript, Segment, Word
 from services.common.errors import InvalidMessage
 
 FALLBACK_TEMPERATURES: Final = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+DETECT: Final = frozenset({"auto", "detect"})
+"""Language hints that mean: detect the language (the environment cannot say None)."""
+
+
+def refuse_unknown_language(engine: FileEngine, request: FileRequest) -> None:
+    """`check_request` for a REST request before it is routed: the batched path (plain
+    transcripts) would otherwise detect a language the model does not know, which the
+    whole-file path refuses; both refuse it now, as OpenAI's API does."""
+    hint = request.language
+    language = None if hint is None or hint.strip().lower() in DETECT else hint.strip().lower()
+    check_request(request, language, engine.languages(), engine.model)
 
 
 def check_request(request: FileRequest, language: str | None, known: list[str], model: str) -> None:

@@ -56,7 +56,7 @@ from services.asr.engines.base import (
     Transcript,
     run_steps,
 )
-from services.asr.engines.file import file_steps
+from services.asr.engines.file import DETECT, file_steps
 from services.asr.engines.whisper_files import check_cuda, model_folder
 from services.asr.engines.whisper_scores import Decoded, decoded
 from services.asr.settings import WhisperSettings
@@ -79,8 +79,6 @@ CUDA_ALLOCATOR: Final = "cub_caching"
 
 
 __all__ = ["FasterWhisperEngine"]
-DETECT: Final = frozenset({"auto", "detect"})
-"""Language hints that mean: detect the language (the environment cannot say None)."""
 
 
 def max_new_tokens(duration_s: float) -> int:
