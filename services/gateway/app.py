@@ -131,7 +131,13 @@ def create_app(
     admitted: set[WebSocket] = set()
     """Connections admitted and not yet ended, what `max_sessions` counts: a phone call
     waiting for its stream's start has no session yet, but holds its place."""
-    store = SessionStore(redis, settings.redis.prefix, section.resume_window_s, settings.redis)
+    store = SessionStore(
+        redis,
+        settings.redis.prefix,
+        section.resume_window_s,
+        settings.redis,
+        owner=f"{gateway_id}.{uuid.uuid4().hex[:12]}",
+    )
     admission = admission or Admission(section.admission, section.max_sessions)
     services = SessionServices(
         bus,
@@ -265,6 +271,9 @@ def create_app(
         resumed_notice: str | None = None
         if restored is not None and restored[0].id in sessions:
             restored = await take_over(restored[0].id, principal.tenant)
+        if restored is not None and restored[0].id not in sessions:
+            with contextlib.suppress(Forbidden):  # `admit` checked the tenant already
+                restored = await store.claim(restored[0].id, principal.tenant, restored)
         if restored is not None and restored[0].id not in sessions:
             config, history = restored
             config = config.model_copy(update={"resumed": True})

@@ -168,7 +168,8 @@ class Session:
     async def take_over(self) -> None:
         """Another connection resumes this session (its client reconnected before this
         socket was found dead): this one is told and closed, and its handling ends as if
-        its client had left (the session is then saved, for the new connection to load)."""
+        its client had left (the session is then saved, for the new connection to load;
+        on another gateway, that one owns the record and this save is refused)."""
         await self.channel.close(1000, "resumed on another connection")
         await self._frames.end()
 
@@ -326,8 +327,9 @@ class Session:
     async def _save(self) -> None:
         """Every change of the history ends here: its oldest turns past the cap go first."""
         keep_recent(self.history, self.settings.history_max_turns)
-        if self.services.store is not None:
-            await self.services.store.save(self.config, self.history, self.tenant)
+        store = self.services.store
+        if store is not None and not await store.save(self.config, self.history, self.tenant):
+            await self.take_over()  # its client resumed it on another gateway
 
     # ------------------------------------------------------------------ replies
 

@@ -2,19 +2,27 @@
 
 Any gateway process can restore a session (`/v1/stream?session_id=ID`), so a client
 whose gateway restarted reconnects through the load balancer to whichever is up.
+
+One writer at a time: a record names the gateway process whose session writes it
+(`owner`), a resume claims it, and a save by any other process is refused. A client whose
+network changed may reconnect through another gateway while the first still holds its
+old socket: that one's later saves (its final one when the dead socket is found) would
+otherwise put back the history as it was before the new connection's turns.
 """
 
 from __future__ import annotations
 
 import hmac
 import logging
+import uuid
+from typing import Final
 
 from pydantic import BaseModel, ValidationError
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from services.common.bus.connection import REDIS_DOWN
-from services.common.bus.durable import durable_set
+from services.common.bus.durable import durable_write
 from services.common.bus.keys import Keys
 from services.common.bus.settings import RedisSettings
 from services.common.errors import Forbidden
@@ -23,10 +31,39 @@ from services.gateway.agent import Turn
 
 log = logging.getLogger(__name__)
 
+_OWNER: Final = r'^{"owner":"[^"]*"'
+"""The owner at the head of a stored record, as a Lua pattern (ids hold no quote)."""
+
+SAVE: Final = f"""
+local raw = redis.call('GET', KEYS[1])
+if raw then
+  local head = string.match(raw, '{_OWNER}')
+  if head and head ~= '{{"owner":""' and head ~= '{{"owner":"' .. ARGV[2] .. '"' then
+    return 0
+  end
+end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
+return 1
+"""
+"""Write the record unless another process owns it: 1 when written."""
+
+CLAIM: Final = f"""
+local raw = redis.call('GET', KEYS[1])
+if not raw then return false end
+local head = string.match(raw, '{_OWNER}')
+local rest = head and string.sub(raw, #head + 1) or (',' .. string.sub(raw, 2))
+local claimed = '{{"owner":"' .. ARGV[1] .. '"' .. rest
+redis.call('SET', KEYS[1], claimed, 'KEEPTTL')
+return claimed
+"""
+"""Make this process the record's owner; the record as it now is (nil: none)."""
+
 
 class StoredSession(BaseModel):
     """What a resumed session gets back."""
 
+    owner: str = ""
+    """The gateway process that writes it (first: the scripts below read it in place)."""
     config: SessionConfig
     history: list[Turn]
     tenant: str
@@ -38,9 +75,16 @@ class SessionStore:
     """Saves and loads sessions under `<prefix>:session:<id>` with a TTL."""
 
     def __init__(
-        self, redis: Redis, prefix: str, ttl_s: int, settings: RedisSettings | None = None
+        self,
+        redis: Redis,
+        prefix: str,
+        ttl_s: int,
+        settings: RedisSettings | None = None,
+        owner: str | None = None,
     ) -> None:
         self.redis = redis
+        self.owner = owner or f"store-{uuid.uuid4().hex}"
+        """This process (a gateway's id and a random part: ids may be configured twice)."""
         self.prefix = prefix
         self.ttl_s = ttl_s
         self.keys = Keys(prefix)
@@ -49,19 +93,25 @@ class SessionStore:
     def key(self, session_id: str) -> str:
         return self.keys.session(session_id)
 
-    async def save(self, config: SessionConfig, history: list[Turn], tenant: str) -> None:
-        """Write the session (a Redis outage only loses resumability, so it is logged)."""
+    async def save(self, config: SessionConfig, history: list[Turn], tenant: str) -> bool:
+        """Write the session; False when another gateway process has claimed it (its
+        client resumed it there). A Redis outage only loses resumability: logged, True."""
         stored = StoredSession(
+            owner=self.owner,
             config=config.model_copy(update={"resumed": None}),
             history=history,
             tenant=tenant,
         )
+        key = self.key(config.id)
+        script = ("EVAL", SAVE, 1, key, stored.model_dump_json(), self.owner, self.ttl_s)
         try:
-            await durable_set(
-                self.redis, self.settings, self.key(config.id), stored.model_dump_json(), self.ttl_s
-            )
+            (written,) = await durable_write(self.redis, self.settings, key, [script])
         except (*REDIS_DOWN, RedisError) as exc:  # out of reach, or refusing (OOM, say)
             log.warning("could not save session %s: %s", config.id, exc)
+            return True
+        if not written:
+            log.info("session %s is resumed on another gateway: not saved here", config.id)
+        return bool(written)
 
     async def load(self, session_id: str, tenant: str) -> tuple[SessionConfig, list[Turn]] | None:
         """The stored session, or None when unknown, expired or out of reach (Redis down);
@@ -71,6 +121,30 @@ class SessionStore:
         except (*REDIS_DOWN, RedisError) as exc:
             log.warning("could not load session %s: starting afresh (%s)", session_id, exc)
             return None
+        return self._read(session_id, raw, tenant)
+
+    async def claim(
+        self, session_id: str, tenant: str, loaded: tuple[SessionConfig, list[Turn]]
+    ) -> tuple[SessionConfig, list[Turn]] | None:
+        """Resume the session here: this process becomes its only writer, and gets it as
+        it is now (a save of its old gateway's may have come since `load`); `loaded` when
+        Redis is out of reach. None when it is gone; Forbidden as `load`. Call it after
+        `load` checked the tenant: a claim by another tenant's credential would block the
+        owner's saves."""
+        key = self.key(session_id)
+        try:
+            (raw,) = await durable_write(
+                self.redis, self.settings, key, [("EVAL", CLAIM, 1, key, self.owner)]
+            )
+        except (*REDIS_DOWN, RedisError) as exc:
+            log.warning("could not claim session %s: %s", session_id, exc)
+            return loaded
+        return self._read(session_id, raw, tenant)
+
+    @staticmethod
+    def _read(
+        session_id: str, raw: bytes | str | None, tenant: str
+    ) -> tuple[SessionConfig, list[Turn]] | None:
         if raw is None:
             return None
         try:

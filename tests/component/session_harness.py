@@ -37,6 +37,7 @@ from services.gateway.bus import GatewayBus
 from services.gateway.codec import NativeCodec, SessionChannel
 from services.gateway.session import Session, SessionServices
 from services.gateway.settings import GatewaySection
+from services.gateway.store import SessionStore
 from services.gateway.turn_end import EndOfTurn, SilenceOnly, listening
 
 RATE = 16000
@@ -250,6 +251,7 @@ async def running_session(
     partials: bool = True,
     meter: AudioMeter = NO_METER,
     history: list[Turn] | None = None,
+    store: SessionStore | None = None,
     **bus_options: Any,
 ) -> AsyncIterator[Harness]:
     """A session serving a fake socket (with `history`, one resumed); the user hangs up at
@@ -265,7 +267,7 @@ async def running_session(
     try:
         async with asyncio.TaskGroup() as tasks:
             services = SessionServices(
-                cast(GatewayBus, bus), settings, agents, policy, clock=loop.time
+                cast(GatewayBus, bus), settings, agents, policy, store, clock=loop.time
             )
             io = Channel(socket, "gateway", 1 << 20)  # type: ignore[arg-type]
             session = Session(

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
+from typing import cast
 
 import pytest
 from redis.asyncio import Redis
@@ -14,6 +16,7 @@ from services.common.protocol.events import SessionConfig
 from services.gateway.agent import Turn
 from services.gateway.store import SessionStore, StoredSession
 from services.ops.redis_server import free_port, start_redis
+from tests.component.session_harness import on_virtual_time, running_session, silence, tone
 from tests.conftest import RedisProc
 
 
@@ -67,3 +70,86 @@ async def test_a_redis_refusing_writes_costs_only_the_resume(tmp_path: Path) -> 
         await redis.aclose()
         proc.kill()
         proc.wait(10)
+
+
+async def test_a_session_resumed_on_another_gateway_is_written_by_that_one_only(
+    redis_server: RedisProc,
+) -> None:
+    """The client's network changed: it resumed through gateway B while A still held its
+    old socket. A's later saves (its last, when the dead socket is found) must not put
+    back the history as it was before B's turns."""
+    settings = redis_server.settings()
+    redis = connect(settings)
+    a = SessionStore(redis, settings.prefix, ttl_s=60, owner="gw-a.1")
+    b = SessionStore(redis, settings.prefix, ttl_s=60, owner="gw-b.1")
+    config = SessionConfig(id="sess_moved")
+    before = [Turn("user", "hi"), Turn("agent", "hello")]
+    after = [*before, Turn("user", "still there?"), Turn("agent", "yes")]
+    try:
+        assert await a.save(config, before, "acme")
+        loaded = await b.load("sess_moved", "acme")
+        assert loaded is not None
+        assert await b.claim("sess_moved", "acme", loaded) == (config, before)
+        assert 0 < await redis.ttl(b.key("sess_moved")) <= 60  # the claim kept the TTL
+        assert await b.save(config, after, "acme")
+        assert not await a.save(config, before, "acme")  # A's stale save: refused
+        assert await b.load("sess_moved", "acme") == (config, after)
+        # the client comes back through A: A claims it, and B is the one refused now
+        assert await a.claim("sess_moved", "acme", loaded) == (config, after)
+        assert not await b.save(config, after[:1], "acme")
+        assert await a.save(config, after, "acme")
+        # gone (expired): nothing to claim
+        assert await a.claim("sess_gone", "acme", loaded) is None
+    finally:
+        await redis.aclose()
+
+
+async def test_a_record_saved_before_owners_is_claimed_and_saved(redis_server: RedisProc) -> None:
+    settings = redis_server.settings()
+    redis = connect(settings)
+    store = SessionStore(redis, settings.prefix, ttl_s=60, owner="gw-new.1")
+    config = SessionConfig(id="sess_older")
+    history = [Turn("user", "hi")]
+    older = StoredSession(config=config, history=history, tenant="acme").model_dump()
+    del older["owner"]
+    try:
+        await redis.set(store.key("sess_older"), json.dumps(older), ex=60)
+        loaded = await store.load("sess_older", "acme")
+        assert loaded == (config, history)
+        assert await store.claim("sess_older", "acme", loaded) == (config, history)
+        raw = await redis.get(store.key("sess_older"))
+        assert json.loads(raw)["owner"] == "gw-new.1"
+        assert await store.save(config, [*history, Turn("agent", "hello")], "acme")
+        # a record without an owner (saved before owners, or owner "") is anyone's to save
+        await redis.set(store.key("sess_older"), json.dumps(older), ex=60)
+        other = SessionStore(redis, settings.prefix, ttl_s=60, owner="gw-other.1")
+        assert await other.save(config, history, "acme")
+    finally:
+        await redis.aclose()
+
+
+class _ClaimedElsewhere:
+    """A store whose record another gateway claims once the first turn is saved."""
+
+    def __init__(self) -> None:
+        self.saves: list[list[tuple[str, str]]] = []
+
+    async def save(self, config: SessionConfig, history: list[Turn], tenant: str) -> bool:
+        self.saves.append([(t.role, t.text) for t in history])
+        return len(self.saves) == 1
+
+
+@on_virtual_time
+async def test_a_session_claimed_on_another_gateway_is_closed_here() -> None:
+    store = _ClaimedElsewhere()
+    async with running_session(transcripts=["hello there"], store=cast(SessionStore, store)) as h:
+        await h.say(silence(200), tone(900), silence(1000))
+        async with asyncio.timeout(10):
+            while h.socket.closed_with is None:
+                await asyncio.sleep(0.01)
+    assert h.socket.closed_with == (1000, "resumed on another connection")
+    # the user's turn was saved; the reply's record was refused, and the socket closed
+    assert store.saves == [
+        [("user", "hello there")],
+        [("user", "hello there"), ("agent", "hello there")],
+    ]
