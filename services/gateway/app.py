@@ -368,7 +368,7 @@ def create_app(
 
     @app.websocket("/v1/stream")
     async def stream(ws: WebSocket, session_id: str | None = Query(None, max_length=64)) -> None:
-        opened = await admit(ws, NativeCodec(), session_id)
+        opened = await admit(ws, NativeCodec(duplex=section.backend == "duplex"), session_id)
         if opened is not None:
             try:
                 await run_session(ws, *opened)
@@ -380,7 +380,8 @@ def create_app(
         beta = "realtime=v1" in ws.headers.get("openai-beta", "") or (
             "openai-beta.realtime-v1" in read_handshake(ws).offered
         )
-        codec = RealtimeCodec(beta=beta, vad=vad, agents=frozenset(agents))
+        duplex = section.backend == "duplex"
+        codec = RealtimeCodec(beta=beta, vad=vad, agents=frozenset(agents), duplex=duplex)
         opened = await admit(ws, codec, None)
         if opened is not None:
             initial = {**REALTIME_SESSION, **({"agent": model} if model in agents else {})}

@@ -24,6 +24,8 @@ from services.common.protocol.events import (
     ClientEvent,
     ErrorEvent,
     Event,
+    ResponseCreated,
+    ResponseDone,
     SessionCreated,
     SessionUpdated,
     parse,
@@ -49,7 +51,15 @@ class AudioPlayed:
     played_bytes: int
 
 
-ClientInput = ClientEvent | AudioIn | AudioPlayed
+@dataclass(frozen=True, slots=True)
+class UserItem:
+    """User text added to the conversation and not answered yet (Realtime's
+    `conversation.item.create`): a later response, or the next voice turn's, answers it."""
+
+    text: str
+
+
+ClientInput = ClientEvent | AudioIn | AudioPlayed | UserItem
 """What a codec makes of a client frame, for the session."""
 Outgoing = str | bytes
 """A frame for the client: text or binary."""
@@ -67,15 +77,39 @@ class Decoded:
 class WireAudio:
     """The session's audio codings as the client sent them last (`session.created` and
     `session.updated` say): PCM16 passes through, G.711 is decoded to and encoded from PCM16
-    by table (services/common/audio/g711.py: nothing held back)."""
+    by table (services/common/audio/g711.py: nothing held back).
 
-    def __init__(self, given: AudioEncoding = "pcm16", sent: AudioEncoding = "pcm16") -> None:
+    A new input coding applies at once. So does a new output coding, except that with
+    `per_response` (the cascade: a reply keeps the rate it began with) one asked for while
+    a response plays applies from the next one; the duplex backend's audio follows the
+    session's formats as they change."""
+
+    def __init__(
+        self,
+        given: AudioEncoding = "pcm16",
+        sent: AudioEncoding = "pcm16",
+        per_response: bool = True,
+    ) -> None:
         self.given = given
         self.sent = sent
+        self.per_response = per_response
+        self._next_sent: AudioEncoding | None = None
+        self._replying: set[str] = set()  # the responses under way
 
     def follow(self, event: Event) -> None:
-        if isinstance(event, SessionCreated | SessionUpdated):
-            self.given, self.sent = event.session.input_format, event.session.output_format
+        match event:
+            case SessionCreated() | SessionUpdated():
+                self.given = event.session.input_format
+                if self._replying and self.per_response:
+                    self._next_sent = event.session.output_format
+                else:
+                    self.sent = event.session.output_format
+            case ResponseCreated():
+                self._replying.add(event.response_id)
+            case ResponseDone():
+                self._replying.discard(event.response_id)
+                if not self._replying and self._next_sent is not None:
+                    self.sent, self._next_sent = self._next_sent, None
 
     def to_pcm(self, data: bytes) -> bytes:
         """Client audio → PCM16."""
@@ -99,7 +133,12 @@ class Codec(Protocol):
 
     def encode_audio(self, pcm: bytes) -> list[Outgoing]: ...
 
-    def encode_error(self, exc: VoiceAgentError, fatal: bool) -> list[Outgoing]: ...
+    def encode_error(
+        self, exc: VoiceAgentError, fatal: bool, answering: bool = False
+    ) -> list[Outgoing]:
+        """`answering`: the error answers the client frame just decoded (its handling
+        raised it), not something that happened meanwhile (a reply's agent failing)."""
+        ...
 
 
 class NativeCodec:
@@ -108,8 +147,8 @@ class NativeCodec:
 
     confirms_playout = False
 
-    def __init__(self) -> None:
-        self.audio = WireAudio()
+    def __init__(self, duplex: bool = False) -> None:
+        self.audio = WireAudio(per_response=not duplex)
 
     def decode(self, frame: Frame) -> Decoded:
         if frame.data is not None:
@@ -123,7 +162,9 @@ class NativeCodec:
     def encode_audio(self, pcm: bytes) -> list[Outgoing]:
         return [self.audio.from_pcm(pcm)]
 
-    def encode_error(self, exc: VoiceAgentError, fatal: bool) -> list[Outgoing]:
+    def encode_error(
+        self, exc: VoiceAgentError, fatal: bool, answering: bool = False
+    ) -> list[Outgoing]:
         return [ErrorEvent(code=exc.code, message=exc.message, fatal=fatal).dump()]
 
 
@@ -154,7 +195,7 @@ class SessionChannel:
         except VoiceAgentError as exc:
             if exc.fatal:
                 raise
-            await self.send_error(exc)
+            await self.send_error(exc, answering=True)
             return []
         await self._send_all(decoded.replies)
         return decoded.inputs
@@ -165,10 +206,14 @@ class SessionChannel:
     async def send_audio(self, data: bytes) -> None:
         await self._send_all(self.codec.encode_audio(data))
 
-    async def send_error(self, exc: VoiceAgentError, fatal: bool | None = None) -> None:
-        """Report a domain error (and count it); `fatal` overrides the error's own flag."""
+    async def send_error(
+        self, exc: VoiceAgentError, fatal: bool | None = None, answering: bool = False
+    ) -> None:
+        """Report a domain error (and count it); `fatal` overrides the error's own flag;
+        `answering`: it answers the client frame being handled (Codec.encode_error)."""
         metrics.ERRORS.labels(self.io.service, exc.code).inc()
-        await self._send_all(self.codec.encode_error(exc, exc.fatal if fatal is None else fatal))
+        fatal = exc.fatal if fatal is None else fatal
+        await self._send_all(self.codec.encode_error(exc, fatal, answering))
 
     async def close(self, code: int = 1000, reason: str = "") -> None:
         await self.io.close(code, reason)

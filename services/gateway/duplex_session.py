@@ -53,7 +53,7 @@ from services.common.protocol.events import (
 from services.common.service.ws import Disconnected
 from services.gateway import metrics
 from services.gateway.agent import Turn, keep_recent
-from services.gateway.codec import AudioIn, AudioPlayed, ClientInput, SessionChannel
+from services.gateway.codec import AudioIn, AudioPlayed, ClientInput, SessionChannel, UserItem
 from services.gateway.duplex_link import DuplexLink
 from services.gateway.hearing import new_id, turn_settings
 from services.gateway.settings import GatewaySection
@@ -179,8 +179,9 @@ class DuplexSession:
             case AudioPlayed():
                 pass  # a telephone bridge's marks: the duplex model's playout is timed
             case _:  # response.create, conversation.text, response.cancel, and the like
+                kind = "a text item" if isinstance(item, UserItem) else item.type
                 raise NotSupported(
-                    f"{item.type} is not supported by the duplex backend: the model hears "
+                    f"{kind} is not supported by the duplex backend: the model hears "
                     "and answers by itself, all the time (docs/duplex.md)"
                 )
 

@@ -23,7 +23,6 @@ from services.common.audio.vad import VadSettings
 from services.common.errors import InvalidAudio, VoiceAgentError
 from services.common.protocol.events import (
     MAX_TEXT_CHARS,
-    ConversationText,
     ConversationToolResult,
     ErrorEvent,
     Event,
@@ -51,7 +50,7 @@ from services.common.protocol.events import (
 from services.common.service.ws import Frame
 from services.gateway import realtime_events as rt
 from services.gateway import realtime_shapes as shapes
-from services.gateway.codec import AudioIn, ClientInput, Decoded, Outgoing, WireAudio
+from services.gateway.codec import AudioIn, ClientInput, Decoded, Outgoing, UserItem, WireAudio
 
 REALTIME_SESSION: dict[str, object] = {"input_sample_rate": 24000, "output_sample_rate": 24000}
 """A `/v1/realtime` session starts with OpenAI's formats: PCM16 at 24 kHz both ways."""
@@ -79,21 +78,28 @@ class RealtimeCodec:
         beta: bool = False,
         vad: VadSettings | None = None,
         agents: frozenset[str] = frozenset(),
+        duplex: bool = False,
     ) -> None:
         self.beta = beta
+        self.duplex = duplex
+        """The duplex backend: its model answers by itself, in one response that never
+        ends (its session refuses response.create as not supported)."""
         self.vad = vad or VadSettings()
         self.agents = agents
         """The gateway's agents: a `session.update` `model` naming one picks it."""
         self.config: SessionConfig | None = None
-        self.audio = WireAudio()
+        self.audio = WireAudio(per_response=not duplex)
         """The session's audio codings (PCM16, or G.711 for `audio/pcmu` / `audio/pcma`)."""
         self._client_event: str | None = None  # event_id of the client event being handled
         self._open_item: str | None = None  # the user's utterance the VAD has open
         self._last_item: str | None = None
-        self._texts: list[str] = []  # user text items waiting for response.create
         self._partials: dict[str, str] = {}
         self._reply: _Reply | None = None
         self._answering_commit = False  # a manual commit's turn will be answered by itself
+        self._create_waiting: str | None = None
+        """The event_id ("" without one) of a response.create left to a committed turn's
+        transcript: an empty transcript answers it with an error, never with silence."""
+        self._calls: set[str] = set()  # call_ids of the function calls sent to the client
         self._out: list[Outgoing] = []
 
     # ------------------------------------------------------------ client → Session
@@ -132,17 +138,22 @@ class RealtimeCodec:
             case rt.ItemCreate() if event.item.type == "function_call_output":
                 return [self._tool_output(event.item, event.previous_item_id)]
             case rt.ItemCreate():
-                self._create_item(event.item, event.previous_item_id)
-                return []
+                return [self._create_item(event.item, event.previous_item_id)]
             case rt.ResponseCreate():
-                if self._texts:
-                    text, self._texts = " ".join(self._texts), []
-                    return [ConversationText(type="conversation.text", text=text)]
+                if self._reply is not None and not self.duplex:
+                    raise rt.RealtimeError(
+                        f"Conversation already has an active response in progress: "
+                        f"{self._reply.id}. Wait until the response is finished before "
+                        "creating a new one.",
+                        "conversation_already_has_active_response",
+                    )
                 if self._answering_commit:
-                    return []  # the committed turn is answered once transcribed: this is that
+                    # the committed turn is answered once transcribed: this is that answer
+                    self._create_waiting = event_id or ""
+                    return []
                 return [ResponseCreate(type="response.create")]
             case rt.ResponseCancel():
-                if self._reply is None:
+                if self._reply is None or event.response_id not in (None, self._reply.id):
                     raise rt.RealtimeError(
                         "Cancellation failed: no active response found",
                         "response_cancel_not_active",
@@ -165,6 +176,12 @@ class RealtimeCodec:
                 "a function_call_output item needs `call_id` and `output`",
                 "invalid_value",
                 "item.call_id" if not item.call_id else "item.output",
+            )
+        if item.call_id not in self._calls:  # refused before any item.created says otherwise
+            raise rt.RealtimeError(
+                f"no function call {item.call_id!r} in this conversation",
+                "invalid_value",
+                "item.call_id",
             )
         item_id = item.id or f"item_{uuid.uuid4().hex[:16]}"
         created = shapes.function_output_item(item_id, item.call_id, item.output)
@@ -192,7 +209,9 @@ class RealtimeCodec:
         step = 2 * rate  # the Session takes frames of at most one second
         return [AudioIn(pcm[start : start + step]) for start in range(0, len(pcm), step)]
 
-    def _create_item(self, item: rt.Item, previous: str | None) -> None:
+    def _create_item(self, item: rt.Item, previous: str | None) -> UserItem:
+        """A user text item joins the conversation now (a voice turn before the next
+        response.create hears it too); it is answered by a response.create."""
         texts = [c.text for c in item.content if c.type in ("input_text", "text") and c.text]
         if item.type != "message" or item.role != "user" or not texts:
             raise rt.RealtimeError(
@@ -205,25 +224,24 @@ class RealtimeCodec:
             not_blank(text)
         except ValueError as exc:
             raise rt.RealtimeError(f"item.content: {exc}", "invalid_value", "item.content") from exc
-        if len(" ".join([*self._texts, text])) > MAX_TEXT_CHARS:
+        if len(text) > MAX_TEXT_CHARS:
             raise rt.RealtimeError(
-                f"item.content: the user's text items before a response.create exceed "
-                f"{MAX_TEXT_CHARS} characters together",
+                f"item.content: a user text item holds at most {MAX_TEXT_CHARS} characters",
                 "invalid_value",
                 "item.content",
             )
         item_id = item.id or f"item_{uuid.uuid4().hex[:16]}"
-        self._texts.append(text)
         content = [{"type": "input_text", "text": t} for t in texts]
         self._item_created(item_id, "user", content, previous or self._last_item)
+        return UserItem(text)
 
     # ------------------------------------------------------------ Session → client
 
     def encode(self, event: Event) -> list[Outgoing]:
+        self.audio.follow(event)
         match event:
             case SessionCreated() | SessionUpdated():
                 self.config = event.session
-                self.audio.follow(event)
                 kind = "session.created" if isinstance(event, SessionCreated) else "session.updated"
                 session = shapes.session_object(event.session, self.vad, self.beta)
                 self._emit({"type": kind, "session": session})
@@ -242,16 +260,20 @@ class RealtimeCodec:
                 self._partial(event)
             case TranscriptFinal():
                 self._partials.pop(event.utterance_id, None)
-                if not event.text.strip():
-                    self._answering_commit = False  # no words: the Session will not answer
                 self._emit(
                     {
                         "type": "conversation.item.input_audio_transcription.completed",
                         "item_id": event.utterance_id,
                         "content_index": 0,
                         "transcript": event.text,
+                        "usage": {"type": "duration", "seconds": _seconds(event)},
                     }
                 )
+                if not event.text.strip():
+                    self._answering_commit = False  # no words: the Session will not answer
+                    self._answer_waiting_create(
+                        "the committed audio held no words: there is nothing to respond to"
+                    )
             case ResponseCreated():
                 self._response_created(event)
             case ResponseTextDelta():
@@ -267,7 +289,7 @@ class RealtimeCodec:
             case ResponseDone():
                 self._response_done(event)
             case ErrorEvent():
-                self._error(event.code, event.message, None, event.fatal)
+                self._error(event.code, event.message, None, event.fatal, None)
         return self._flush()
 
     def encode_audio(self, pcm: bytes) -> list[Outgoing]:
@@ -277,14 +299,31 @@ class RealtimeCodec:
             self._emit({"type": "response.output_audio.delta", **self._part(reply), "delta": delta})
         return self._flush()
 
-    def encode_error(self, exc: VoiceAgentError, fatal: bool) -> list[Outgoing]:
-        self._error(exc.code, exc.message, getattr(exc, "param", None), fatal)
+    def encode_error(
+        self, exc: VoiceAgentError, fatal: bool, answering: bool = False
+    ) -> list[Outgoing]:
+        """An error in answer to the client event just decoded carries its event_id; one
+        that happened meanwhile (a reply's agent failing, the ASR out of reach) none."""
+        cause = self._client_event if answering else None
+        self._error(exc.code, exc.message, getattr(exc, "param", None), fatal, cause)
         return self._flush()
 
-    def _error(self, code: str, message: str, param: str | None, fatal: bool = False) -> None:
+    def _error(
+        self, code: str, message: str, param: str | None, fatal: bool, cause: str | None
+    ) -> None:
         if code == "asr_unavailable":  # a committed turn not transcribed will not be answered
             self._answering_commit = False
-        self._emit(shapes.error_event(code, message, param, self._client_event, fatal))
+            self._create_waiting = None  # this error answers its response.create
+        self._emit(shapes.error_event(code, message, param, cause, fatal))
+
+    def _answer_waiting_create(self, why: str) -> None:
+        waiting, self._create_waiting = self._create_waiting, None
+        if waiting is not None:
+            self._emit(
+                shapes.error_event(
+                    "input_audio_buffer_commit_empty", why, None, waiting or None, False
+                )
+            )
 
     def _emit(self, event: dict[str, Any]) -> None:
         self._out.append(json.dumps(shapes.framed(event, self.beta)))
@@ -351,6 +390,7 @@ class RealtimeCodec:
         reply = _Reply(event.response_id, f"item_{event.response_id.removeprefix('resp_')}")
         self._reply = reply
         self._answering_commit = False
+        self._create_waiting = None
         response = self._response(reply, "in_progress", [])
         self._emit({"type": "response.created", "response": response})
         item = shapes.assistant_item(reply.item_id, "in_progress", None, self.beta)
@@ -390,6 +430,7 @@ class RealtimeCodec:
             return
         index = len(reply.calls) + 1
         item_id = f"item_{uuid.uuid4().hex[:16]}"
+        self._calls.add(event.call_id)
         call = {"call_id": event.call_id, "name": event.name}
         started = shapes.function_call_item(item_id, "in_progress", call, "")
         ref = {"response_id": reply.id, "item_id": item_id, "output_index": index}
@@ -453,6 +494,11 @@ class RealtimeCodec:
         )
         response = self._response(reply, event.status, [item, *reply.calls])
         self._emit({"type": "response.done", "response": response})
+
+
+def _seconds(event: TranscriptFinal) -> float:
+    """The length of the utterance a transcript is of (its usage, billed by duration)."""
+    return round(max(0, event.audio_end_ms - event.audio_start_ms) / 1000, 3)
 
 
 def _only(values: dict[str, Any], *keys: str) -> dict[str, Any]:

@@ -46,7 +46,7 @@ from services.common.service.ws import ReadAhead
 from services.gateway import metrics
 from services.gateway.agent import Agent, Turn, keep_recent, reply_turns
 from services.gateway.bus import GatewayBus
-from services.gateway.codec import AudioIn, AudioPlayed, ClientInput, SessionChannel
+from services.gateway.codec import AudioIn, AudioPlayed, ClientInput, SessionChannel, UserItem
 from services.gateway.hearing import Hearing, Utterance
 from services.gateway.replies import Replies
 from services.gateway.reply import Reply, ReplyContext, Status
@@ -161,7 +161,7 @@ class Session:
                     except VoiceAgentError as exc:
                         if exc.fatal:
                             raise
-                        await self.channel.send_error(exc)
+                        await self.channel.send_error(exc, answering=True)
         finally:
             await self._stop()
 
@@ -185,8 +185,11 @@ class Session:
             case InputAudioClear():
                 self.hearing.clear()
             case ConversationText():
+                await self.replies.cancel()  # what was heard of the answer goes first
                 await self._user_turn(item.text)
                 await self.replies.start(None, None)
+            case UserItem():
+                await self._user_turn(item.text)  # answered by a response.create
             case ResponseCreate():
                 await self.replies.start(None, None, fixed_text=item.text)
             case ResponseCancel():
@@ -291,6 +294,9 @@ class Session:
         if joined:
             await self._save()
         else:
+            # an answer still playing (a turn too short to barge in) is cut here: what was
+            # heard of it joins the history before these words, not after
+            await self.replies.cancel()
             await self._user_turn(text)
         policy = self.services.end_of_turn
         hold_ms = 0

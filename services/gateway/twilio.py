@@ -149,7 +149,9 @@ class TwilioCodec:
         name = f"{self._reply}:{self._sent}"
         return [tw.media(self.stream_sid, payload), tw.mark(self.stream_sid, name)]
 
-    def encode_error(self, exc: VoiceAgentError, fatal: bool) -> list[Outgoing]:
+    def encode_error(
+        self, exc: VoiceAgentError, fatal: bool, answering: bool = False
+    ) -> list[Outgoing]:
         """Twilio has no error message: the log says, the error count counts."""
         log.warning(
             "twilio stream %s: %s%s: %s",

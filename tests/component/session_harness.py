@@ -30,11 +30,11 @@ from services.common.audio.pcm import pcm16_to_float
 from services.common.audio.vad import SileroVad, VadSettings
 from services.common.auth.limits import NO_METER, AudioMeter
 from services.common.bus.messages import AsrJob, BusResult, TtsJob
-from services.common.protocol.events import SessionConfig
+from services.common.protocol.events import SessionConfig, SessionCreated
 from services.common.service.ws import Channel, Disconnected
 from services.gateway.agent import AGENTS, Agent, Turn
 from services.gateway.bus import GatewayBus
-from services.gateway.codec import NativeCodec, SessionChannel
+from services.gateway.codec import Codec, NativeCodec, SessionChannel
 from services.gateway.session import Session, SessionServices
 from services.gateway.settings import GatewaySection
 from services.gateway.store import SessionStore
@@ -252,6 +252,8 @@ async def running_session(
     meter: AudioMeter = NO_METER,
     history: list[Turn] | None = None,
     store: SessionStore | None = None,
+    codec: Codec | None = None,
+    config: SessionConfig | None = None,
     **bus_options: Any,
 ) -> AsyncIterator[Harness]:
     """A session serving a fake socket (with `history`, one resumed); the user hangs up at
@@ -263,16 +265,19 @@ async def running_session(
     policy = end_of_turn or SilenceOnly(settings)
     hearing = listening(policy, vad or VadSettings(), settings)
     listener = Listener(cast(SileroVad, EnergyVad()), hearing, 16000)
-    config = SessionConfig(id="sess_test", output_sample_rate=16000, partials=partials)
+    config = config or SessionConfig(id="sess_test", output_sample_rate=16000, partials=partials)
     try:
         async with asyncio.TaskGroup() as tasks:
             services = SessionServices(
                 cast(GatewayBus, bus), settings, agents, policy, store, clock=loop.time
             )
             io = Channel(socket, "gateway", 1 << 20)  # type: ignore[arg-type]
+            channel = SessionChannel(io, codec or NativeCodec())
+            if codec is not None:  # a wire format of its own learns the formats from this
+                await channel.send(SessionCreated(session=config))
             session = Session(
                 config,
-                SessionChannel(io, NativeCodec()),
+                channel,
                 listener,
                 services,
                 tasks,

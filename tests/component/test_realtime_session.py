@@ -1,0 +1,189 @@
+"""`/v1/realtime` over the real Session (fake bus, virtual time): what the OpenAI Realtime
+API promises a client about responses, items, errors and formats."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import AsyncIterator
+from typing import Any
+
+from services.common.errors import AgentFailed
+from services.common.protocol.events import SessionConfig
+from services.gateway.agent import AGENTS, Turn
+from services.gateway.realtime import RealtimeCodec
+from tests.component.session_harness import Harness, on_virtual_time, running_session, silence, tone
+
+CONFIG = SessionConfig(id="sess_rt", input_sample_rate=16000, output_sample_rate=16000)
+PUSH_TO_TALK = CONFIG.model_copy(update={"turn_detection": None})
+
+
+def _text_item(text: str, event_id: str | None = None) -> dict[str, Any]:
+    content = [{"type": "input_text", "text": text}]
+    item = {"type": "message", "role": "user", "content": content}
+    return {"type": "conversation.item.create", "item": item, "event_id": event_id}
+
+
+def _errors(h: Harness) -> list[dict[str, Any]]:
+    return [e["error"] for e in h.of_type("error")]
+
+
+class Recording:
+    """Says a long sentence, and records each history it was asked about."""
+
+    name = "recording"
+    prepare_safe = True
+
+    def __init__(self, calls: list[list[Turn]]) -> None:
+        self.calls = calls
+
+    async def respond(
+        self, history: list[Turn], instructions: str | None = None
+    ) -> AsyncIterator[str]:
+        self.calls.append(list(history))
+        yield "Here is a long answer with many words that takes seconds to say."
+
+
+def recording(calls: list[list[Turn]]) -> dict[str, Any]:
+    return {**AGENTS, "echo": lambda: Recording(calls)}
+
+
+@on_virtual_time
+async def test_a_text_turn_during_an_answer_comes_after_what_was_heard_of_it() -> None:
+    """`conversation.text` on /v1/stream while the agent speaks: the answer is cut, and what
+    the user heard of it goes in the history before the new words (it went after, so the
+    LLM was asked to answer its own cut-off turn)."""
+    calls: list[list[Turn]] = []
+    async with running_session(agents=recording(calls)) as h:
+        await h.send({"type": "conversation.text", "text": "tell me a story"})
+        await h.wait_for("response.created")
+        await asyncio.sleep(1.5)  # it is speaking
+        await h.send({"type": "conversation.text", "text": "what time is it"})
+        await h.wait_for("response.done", 2)
+    roles = [(t.role, t.text[:9]) for t in calls[1]]
+    assert roles == [("user", "tell me a"), ("agent", "Here is a"), ("user", "what time")]
+
+
+@on_virtual_time
+async def test_a_text_item_joins_the_conversation_when_it_is_created() -> None:
+    """A client adds context as a text item, then speaks: the voice turn's answer sees it."""
+    calls: list[list[Turn]] = []
+    async with running_session(
+        codec=RealtimeCodec(),
+        config=CONFIG,
+        transcripts=["what is my name"],
+        agents=recording(calls),
+    ) as h:
+        await h.send(_text_item("My name is Bob."))
+        await h.wait_for("conversation.item.created")
+        await h.say(silence(200), tone(900), silence(1000))
+        await h.wait_for("response.done")
+    assert calls[-1] == [Turn("user", "My name is Bob."), Turn("user", "what is my name")]
+
+
+@on_virtual_time
+async def test_push_to_talk_with_no_words_heard_answers_the_create_with_an_error() -> None:
+    """turn_detection null: commit, then response.create. The ASR hears no words: the
+    create is answered by an error naming it, never by silence."""
+    async with running_session(codec=RealtimeCodec(), config=PUSH_TO_TALK, transcripts=[""]) as h:
+        await h.say(silence(200), tone(600), silence(200))
+        await h.send({"type": "input_audio_buffer.commit", "event_id": "evt_commit"})
+        await h.send({"type": "response.create", "event_id": "evt_create"})
+        await h.wait_for("error")
+        completed = await h.wait_for("conversation.item.input_audio_transcription.completed")
+    assert completed["transcript"] == ""
+    assert completed["usage"]["type"] == "duration" and completed["usage"]["seconds"] > 0
+    assert [(e["code"], e["event_id"]) for e in _errors(h)] == [
+        ("input_audio_buffer_commit_empty", "evt_create")
+    ]
+    assert h.of_type("response.created") == []
+
+
+class Failing:
+    name = "failing"
+    prepare_safe = True
+
+    async def respond(
+        self, history: list[Turn], instructions: str | None = None
+    ) -> AsyncIterator[str]:
+        raise AgentFailed("the LLM answered 503: overloaded")
+        yield ""
+
+
+@on_virtual_time
+async def test_an_error_carries_the_event_id_of_the_event_it_answers_and_no_other() -> None:
+    agents: dict[str, Any] = {**AGENTS, "echo": Failing}
+    async with running_session(codec=RealtimeCodec(), config=CONFIG, agents=agents) as h:
+        await h.send(_text_item("hello", "evt_item"))
+        await h.send({"type": "response.create", "event_id": "evt_create"})
+        await h.send({"type": "input_audio_buffer.append", "audio": "", "event_id": "evt_later"})
+        await h.wait_for("error", 2)
+        await h.send({"type": "response.cancel", "event_id": "evt_cancel"})
+        await h.wait_for("error", 3)
+    by_code = {(e["code"], e["event_id"]) for e in _errors(h)}
+    # the agent's failure happened meanwhile: no event of the client's caused it
+    assert by_code == {
+        ("agent_failed", None),
+        ("invalid_audio", "evt_later"),
+        ("response_cancel_not_active", "evt_cancel"),
+    }
+
+
+@on_virtual_time
+async def test_one_response_at_a_time_and_a_cancel_names_the_one_under_way() -> None:
+    async with running_session(codec=RealtimeCodec(), config=CONFIG) as h:
+        await h.send(_text_item("one two three four five six"))
+        await h.send({"type": "response.create"})
+        first = (await h.wait_for("response.created"))["response"]["id"]
+        await h.send({"type": "response.create", "event_id": "evt_second"})
+        await h.send({"type": "response.cancel", "response_id": "resp_old", "event_id": "evt_c"})
+        await h.wait_for("error", 2)
+        await h.send({"type": "response.cancel", "response_id": first})
+        done = (await h.wait_for("response.done"))["response"]
+    assert [(e["code"], e["event_id"]) for e in _errors(h)] == [
+        ("conversation_already_has_active_response", "evt_second"),
+        ("response_cancel_not_active", "evt_c"),
+    ]
+    assert (done["id"], done["status"]) == (first, "cancelled")
+    assert len(h.of_type("response.created")) == 1
+
+
+@on_virtual_time
+async def test_an_output_for_a_call_never_made_is_refused_before_any_item_is_created() -> None:
+    async with running_session(codec=RealtimeCodec(), config=CONFIG) as h:
+        item = {"type": "function_call_output", "call_id": "call_nope", "output": "{}"}
+        await h.send({"type": "conversation.item.create", "item": item, "event_id": "evt_out"})
+        await h.wait_for("error")
+    assert [(e["code"], e["param"], e["event_id"]) for e in _errors(h)] == [
+        ("invalid_value", "item.call_id", "evt_out")
+    ]
+    assert h.of_type("conversation.item.created") == []
+
+
+@on_virtual_time
+async def test_an_output_format_asked_for_during_a_response_applies_from_the_next() -> None:
+    """The reply under way keeps the coding it began with (its audio is made at its rate):
+    switching it mid-way sent 16 kHz PCM16 as mu-law, at half speed and an octave down."""
+    async with running_session(codec=RealtimeCodec(), config=CONFIG) as h:
+        await h.send(_text_item("one two three four five six"))
+        await h.send({"type": "response.create"})
+        await h.wait_for("response.output_audio.delta")
+        update = {"output_audio_format": "g711_ulaw"}
+        await h.send({"type": "session.update", "session": update})
+        await h.wait_for("session.updated")
+        await h.wait_for("response.done")
+        first = _delta_bytes(h, since=0)
+        await h.send(_text_item("seven eight"))
+        await h.send({"type": "response.create"})
+        mark = len(h.socket.events)
+        await h.wait_for("response.done", 2)
+        second = _delta_bytes(h, since=mark)
+    # the first reply: 6 words x 400 ms at 16 kHz, PCM16 to its end; the second: mu-law at
+    # its own rate (8 kHz), one byte a sample
+    assert len(first) == 2 * 6 * 400 * 16
+    assert len(second) == 2 * 400 * 8
+
+
+def _delta_bytes(h: Harness, since: int) -> bytes:
+    deltas = [e for _, e in h.socket.events[since:] if e["type"] == "response.output_audio.delta"]
+    return b"".join(base64.b64decode(e["delta"]) for e in deltas)
