@@ -10,13 +10,18 @@ Each check is one Lua script on one key (atomic, and cluster-safe: one key, one 
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Final
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
+from services.common.bus.connection import REDIS_DOWN
 from services.common.bus.keys import Keys
 from services.common.errors import QuotaExceeded, RateLimited
+
+log = logging.getLogger(__name__)
 
 _WINDOW: Final = """
 local n = redis.call('INCR', KEYS[1])
@@ -158,11 +163,23 @@ class AudioMeter:
             await self.flush()
 
     async def flush(self) -> None:
+        """Charge what was counted. Redis out of reach (or refusing) costs the metering
+        only: the audio stays counted here and is charged once it answers, and the session
+        goes on (QuotaExceeded is the only error this raises)."""
         if self.limiter is None or self.pending_ms < 1:
             return
         whole = int(self.pending_ms)
         self.pending_ms -= whole
-        await self.limiter.charge_audio(self.tenant, whole, self.quota_s)
+        try:
+            await self.limiter.charge_audio(self.tenant, whole, self.quota_s)
+        except (*REDIS_DOWN, RedisError) as exc:
+            self.pending_ms += whole
+            now = time.monotonic()
+            if now - _unmetered_warned[0] >= 10.0:  # one line every 10 s, not one a second
+                _unmetered_warned[0] = now
+                log.warning("audio not charged to its quota yet (Redis: %s): kept", exc)
 
+
+_unmetered_warned = [float("-inf")]  # when a charge that could not be made was last logged
 
 NO_METER: Final = AudioMeter(None, "", None)
