@@ -131,6 +131,8 @@ def create_app(
     admitted: set[WebSocket] = set()
     """Connections admitted and not yet ended, what `max_sessions` counts: a phone call
     waiting for its stream's start has no session yet, but holds its place."""
+    unverified: set[WebSocket] = set()
+    """Phone streams whose credential is still to come (in their `start`): no seat yet."""
     store = SessionStore(
         redis,
         settings.redis.prefix,
@@ -223,12 +225,13 @@ def create_app(
         return JSONResponse(report.model_dump(), 200 if report.remaining == 0 else 504)
 
     async def admit(
-        ws: WebSocket, codec: Codec, session_id: str | None
+        ws: WebSocket, codec: Codec, session_id: str | None, verified: bool = True
     ) -> tuple[SessionChannel, Restored] | None:
         """The one handshake and admission of every session endpoint (`/v1/stream`,
-        `/v1/realtime`). The auth guard has checked the credential before this runs; a
-        session id of another tenant is refused here, before the accept. None when the
-        client was refused (already told and closed)."""
+        `/v1/realtime`, `/v1/twilio`). The auth guard has checked the credential before
+        this runs, unless not `verified` (a phone stream's comes in its `start`: it takes no
+        seat until `seat` says it passed); a session id of another tenant is refused here,
+        before the accept. None when the client was refused (already told and closed)."""
         principal = principal_of(ws)
         try:
             restored = await store.load(session_id, principal.tenant) if session_id else None
@@ -243,12 +246,29 @@ def create_app(
             if state.draining:
                 metrics.SESSIONS_REFUSED.labels("draining").inc()
                 raise CapacityError("gateway draining; retry after 1 s")
-            admission.admit(len(admitted))
+            if verified:
+                admission.admit(len(admitted))
+            elif len(unverified) >= section.twilio.max_unverified:
+                metrics.SESSIONS_REFUSED.labels("unverified").inc()
+                raise CapacityError("too many phone streams waiting for their start; retry")
         except CapacityError as exc:
             await channel.fail(exc)
             return None
-        admitted.add(ws)  # counted from here: a phone call's start, a handshake may take a while
+        # counted from here: a phone call's start, a handshake may take a while
+        (admitted if verified else unverified).add(ws)
         return channel, restored
+
+    async def seat(ws: WebSocket, channel: SessionChannel) -> bool:
+        """A stream admitted unverified whose credential has now passed takes its seat
+        (False: refused for capacity, told and closed)."""
+        unverified.discard(ws)
+        try:
+            admission.admit(len(admitted))
+        except CapacityError as exc:
+            await channel.fail(exc)
+            return False
+        admitted.add(ws)
+        return True
 
     async def run_session(
         ws: WebSocket,
@@ -396,7 +416,8 @@ def create_app(
         credential, when authentication is on, comes in the stream's `start` (a custom
         parameter): no session before it is checked."""
         codec = TwilioCodec()
-        opened = await admit(ws, codec, None)
+        late = late_admission(ws)  # None: checked at the upgrade (or authentication is off)
+        opened = await admit(ws, codec, None, verified=late is None)
         if opened is None:
             return
         channel, restored = opened
@@ -404,16 +425,17 @@ def create_app(
             if not await wait_for_start(channel, codec, section.twilio.start_timeout_s):
                 await channel.close(1000, "no stream started")
                 return
-            late = late_admission(ws)
             token = codec.parameters.get(section.twilio.token_parameter)
             door = late(token) if late is not None else contextlib.nullcontext()
             async with door:
-                await run_session(ws, channel, restored, TWILIO_SESSION)
+                if late is None or await seat(ws, channel):
+                    await run_session(ws, channel, restored, TWILIO_SESSION)
         except VoiceAgentError as exc:  # refused at the late door (already counted)
             log.warning("twilio stream %s refused: %s", codec.stream_sid, exc.message)
             await channel.fail(exc)
         finally:
             admitted.discard(ws)
+            unverified.discard(ws)
 
     @app.get("/v1/agents")
     async def list_agents() -> dict[str, Any]:

@@ -28,6 +28,11 @@ class TwilioSettings(BaseModel):
     client token or API key when authentication is on (Twilio sends no headers)."""
     start_timeout_s: float = Field(default=10.0, ge=0.5, le=120)
     """A stream that has not sent `start` after this long is closed."""
+    max_unverified: int = Field(default=16, ge=1, le=10_000)
+    """Streams whose credential comes in their `start` (authentication on, none at the
+    upgrade), not yet started: at most this many at once, and none of them holds a seat of
+    `VA_GATEWAY__MAX_SESSIONS` until its credential has passed (an anonymous socket must
+    not take a caller's place)."""
 
 
 class GatewaySection(BaseModel):

@@ -11,15 +11,18 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import websockets
+from pydantic import SecretStr
 
+from services.common.auth.settings import AuthSettings
 from services.common.bus.settings import RedisSettings
 from services.gateway.admission import AdmissionSettings
 from services.gateway.agent import AGENTS, EchoAgent
 from services.gateway.app import create_app
-from services.gateway.settings import GatewaySection, GatewaySettings
+from services.gateway.settings import GatewaySection, GatewaySettings, TwilioSettings
 from services.tts.app import create_app as tts_app
 from services.tts.settings import TtsSettings
 from tests.conftest import RedisProc
+from tests.e2e.test_auth import SECRET, new_key
 from tests.servers import ServerThread
 
 
@@ -47,9 +50,9 @@ START = {
 }
 
 
-async def _admitted(http: str) -> int:
+async def _admitted(http: str, headers: dict[str, str] | None = None) -> int:
     async with httpx.AsyncClient() as client:
-        health = (await client.get(f"{http}/health")).json()
+        health = (await client.get(f"{http}/health", headers=headers)).json()
     return int(health["admitted"])
 
 
@@ -134,3 +137,38 @@ async def test_a_reconnect_takes_over_a_session_still_open_here(bus: RedisSettin
                     while True:
                         await old.recv()
             assert old.close_code == 1000 and old.close_reason == "resumed on another connection"
+
+
+async def test_an_anonymous_phone_stream_takes_no_seat_until_its_start_passes(
+    bus: RedisSettings,
+) -> None:
+    """Authentication on: a `/v1/twilio` socket's credential comes in its `start`. Sockets
+    that never send one took every seat of `max_sessions` (10 s each, reopened at will);
+    they now take none, and only a few may wait at once."""
+    auth = AuthSettings(required=True, token_secret=SecretStr(SECRET))
+    section = GatewaySection(
+        max_sessions=1,
+        admission=AdmissionSettings(enabled=False),
+        twilio=TwilioSettings(max_unverified=2),
+    )
+    settings = GatewaySettings(profile="fake", redis=bus, gateway=section, auth=auth)
+    _, key = await new_key(bus, "acme")
+    keyed = {"Authorization": f"Bearer {key}"}
+    with ServerThread(create_app(settings)) as gateway:
+        calls = [await websockets.connect(f"{gateway.ws}/v1/twilio") for _ in range(2)]
+        async with websockets.connect(f"{gateway.ws}/v1/twilio") as third:  # one too many
+            with pytest.raises(websockets.ConnectionClosed):
+                await asyncio.wait_for(third.recv(), 10)
+            assert third.close_code == 1013
+        assert await _admitted(gateway.http, keyed) == 0
+        url = f"{gateway.ws}/v1/stream"
+        async with websockets.connect(url, additional_headers=keyed) as ws:
+            assert (await _first(ws))["type"] == "session.created"  # the seat was free
+        # a stream whose start carries the key takes the seat
+        start = {**START, "start": {**START["start"], "customParameters": {"token": key}}}  # type: ignore[dict-item]
+        await calls[0].send(json.dumps(start))
+        async with asyncio.timeout(10):
+            while await _admitted(gateway.http, keyed) < 1:
+                await asyncio.sleep(0.02)
+        for call in calls:
+            await call.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -71,16 +72,72 @@ async def test_an_api_key_or_a_client_token_in_the_start_opens_the_call(stack: A
     await _answered(stack, issued.json()["token"])
 
 
-async def test_the_example_webhook_answers_with_twiml_whose_token_opens_the_call(
-    stack: AuthStack, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """examples/twilio/answer.py, as docs/telephony.md tells a user to run it."""
+def _example() -> Any:
     spec = importlib.util.spec_from_file_location(
         "twilio_answer", Path(__file__).parents[2] / "examples/twilio/answer.py"
     )
     assert spec is not None and spec.loader is not None
     answer = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(answer)
+    return answer
+
+
+def test_the_example_webhook_signs_as_twilio_does() -> None:
+    """Twilio's published vector (its helper libraries' tests): token 12345, this URL and
+    these fields give this signature."""
+    answer = _example()
+    url = "https://mycompany.com/myapp.php?foo=1&bar=2"
+    fields = {
+        "CallSid": "CA1234567890ABCDE",
+        "Caller": "+14158675309",
+        "Digits": "1234",
+        "From": "+14158675309",
+        "To": "+18005551212",
+    }
+    assert answer.signature(url, fields, "12345") == "RSOYDt4T1cUTdK1PDd93/VVr8B8="
+    assert answer.signed_by_twilio(url, fields, "RSOYDt4T1cUTdK1PDd93/VVr8B8=", "12345")
+    assert not answer.signed_by_twilio(
+        url, {**fields, "Digits": "9"}, "RSOYDt4T1cUTdK1PDd93/VVr8B8=", "12345"
+    )
+    assert not answer.signed_by_twilio(url, fields, "", "")  # no auth token: nothing passes
+
+
+async def test_the_example_webhook_gives_a_token_to_twilio_only(
+    stack: AuthStack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unsigned POST (anyone who found the webhook) got a client token of the key's
+    tenant, good on /v1/stream too; it is refused now, and a signed one is answered."""
+    answer = _example()
+    monkeypatch.setattr(answer, "GATEWAY", stack.gateway.http)
+    monkeypatch.setattr(answer, "KEY", stack.key)
+    monkeypatch.setattr(answer, "TWILIO_AUTH_TOKEN", "twilio-token")
+    server = answer.HTTPServer(("127.0.0.1", 0), answer.Answer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/answer"
+    fields = {"CallSid": "CA1", "From": "+15550100"}
+    try:
+        async with httpx.AsyncClient(timeout=10) as http:
+            unsigned = await http.post(url, data=fields)
+            forged = await http.post(url, data=fields, headers={"X-Twilio-Signature": "AAAA"})
+            signed = await http.post(
+                url,
+                data=fields,
+                headers={"X-Twilio-Signature": answer.signature(url, fields, "twilio-token")},
+            )
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert (unsigned.status_code, forged.status_code) == (403, 403)
+    assert "token" not in unsigned.text
+    assert signed.status_code == 200 and '<Parameter name="token"' in signed.text
+
+
+async def test_the_example_webhook_answers_with_twiml_whose_token_opens_the_call(
+    stack: AuthStack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """examples/twilio/answer.py, as docs/telephony.md tells a user to run it."""
+    answer = _example()
     monkeypatch.setattr(answer, "GATEWAY", stack.gateway.http)
     monkeypatch.setattr(answer, "KEY", stack.key)
     twiml = ElementTree.fromstring(await asyncio.to_thread(answer.twiml))

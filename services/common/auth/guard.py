@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 from fastapi.responses import JSONResponse
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 from starlette.requests import HTTPConnection
 from starlette.websockets import WebSocket
 
@@ -278,7 +279,7 @@ class AuthGuard:
             await asyncio.sleep(LEASE_S / 3)
             try:
                 await self.limiter.renew_session(tenant, lease)
-            except REDIS_DOWN as exc:
+            except (*REDIS_DOWN, RedisError) as exc:  # out of reach, or refusing (OOM)
                 log.warning("could not renew a session lease: %s", exc)
 
     async def _refuse(
