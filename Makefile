@@ -36,9 +36,10 @@ $(VENV)/.tests-installed: pyproject.toml | $(BIN)/python
 	$(PIP) install -q -e '.[tests]'
 	touch $@ $(VENV)/.lite-installed
 
-## make install-gpu: on a CUDA host, build .venv (ASR + gateway) and .venv-tts (chatterbox TTS).
+## make install-gpu: on a CUDA host, build .venv (ASR + gateway) and .venv-tts (chatterbox TTS),
+## and pull Smart Turn into $(MODELS) (`make install-gpu MODELS=/var/lib/voice-agent/models`).
 install-gpu:
-	bash scripts/install_gpu.sh
+	MODELS_DIR=$(MODELS) bash scripts/install_gpu.sh
 
 ## make install-duplex: .venv-duplex for the full-duplex service (torch + moshi; docs/duplex.md).
 install-duplex:

@@ -7,18 +7,24 @@
 #              the packages it really imports, then this project --no-deps plus the few
 #              packages the TTS service needs.
 #
-# chatterbox's pins never reach the ASR/gateway environment this way.
+# chatterbox's pins never reach the ASR/gateway environment this way. Last, the gateway's
+# Smart Turn model (semantic end of turn, 9 MB) goes into MODELS_DIR, as `make run` does:
+# without it the default policy `auto` falls back to the slower silence rule.
 #
-# Usage: scripts/install_gpu.sh [--dry-run] [--cuda cu118|cu124|cu126]
-#   --dry-run   print the commands instead of running them
-#   --cuda TAG  PyTorch wheel index to use; default: from the driver (nvidia-smi)
-# Environment: PYTHON (python3), VENV (.venv), VENV_TTS (.venv-tts), TORCH_VERSION (2.6.0)
+# Usage: scripts/install_gpu.sh [--dry-run] [--cuda cu118|cu124|cu126] [--models-dir DIR]
+#   --dry-run         print the commands instead of running them
+#   --cuda TAG        PyTorch wheel index to use; default: from the driver (nvidia-smi)
+#   --models-dir DIR  where the models go (the gateway's VA_GATEWAY__MODELS_DIR); the
+#                     systemd install reads /var/lib/voice-agent/models. Default: models
+# Environment: PYTHON (python3), VENV (.venv), VENV_TTS (.venv-tts), TORCH_VERSION (2.6.0),
+# MODELS_DIR (models)
 set -euo pipefail
 
 PYTHON="${PYTHON:-python3}"
 VENV="${VENV:-.venv}"
 VENV_TTS="${VENV_TTS:-.venv-tts}"
 TORCH_VERSION="${TORCH_VERSION:-2.6.0}"
+MODELS_DIR="${MODELS_DIR:-models}"
 DRY_RUN=0
 CUDA_TAG=""
 
@@ -27,7 +33,9 @@ while [ $# -gt 0 ]; do
     --dry-run) DRY_RUN=1 ;;
     --cuda) CUDA_TAG="${2:?--cuda needs a tag such as cu124}"; shift ;;
     --cuda=*) CUDA_TAG="${1#--cuda=}" ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    --models-dir) MODELS_DIR="${2:?--models-dir needs a folder}"; shift ;;
+    --models-dir=*) MODELS_DIR="${1#--models-dir=}" ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "install_gpu: unknown argument $1 (try --help)" >&2; exit 2 ;;
   esac
   shift
@@ -98,6 +106,9 @@ run "${PIP_TTS[@]}" "fastapi>=0.115" "uvicorn[standard]>=0.30" "websockets>=13" 
   "python-multipart>=0.0.9" "soxr>=0.4" "av>=12" "nvidia-ml-py>=12" "espeakng-loader>=0.2" \
   "threadpoolctl>=3.1"
 
+echo "# Smart Turn (the gateway's end-of-turn model) into ${MODELS_DIR}"
+run "${VENV}/bin/voice-agent" models pull smart-turn --dir "$MODELS_DIR"
+
 echo "# checks"
 run "${VENV}/bin/python" -c \
   "import ctranslate2; print('ctranslate2', ctranslate2.__version__, 'GPUs:', ctranslate2.get_cuda_device_count())"
@@ -108,9 +119,9 @@ cat <<EOF
 # done. If the ASR check saw no GPU but nvidia-smi does, let CTranslate2 find cuBLAS:
 #   export LD_LIBRARY_PATH="\$(${VENV}/bin/python -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib"))')"
 # Pull the weights, then run each service from its own environment:
-#   ${VENV}/bin/voice-agent models pull faster-whisper-large-v3-turbo --dir models
-#   ${VENV}/bin/voice-agent models pull chatterbox --dir models
+#   ${VENV}/bin/voice-agent models pull faster-whisper-large-v3-turbo --dir ${MODELS_DIR}
+#   ${VENV}/bin/voice-agent models pull chatterbox --dir ${MODELS_DIR}
 #   VA_PROFILE=dual-gpu ${VENV}/bin/voice-agent asr
 #   VA_PROFILE=dual-gpu ${VENV_TTS}/bin/voice-agent tts
-#   VA_PROFILE=dual-gpu ${VENV}/bin/voice-agent gateway
+#   VA_PROFILE=dual-gpu VA_GATEWAY__MODELS_DIR=${MODELS_DIR} ${VENV}/bin/voice-agent gateway
 EOF

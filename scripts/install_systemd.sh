@@ -17,7 +17,9 @@ usage: scripts/install_systemd.sh [options]
   --tts-port N          (default: 8002)
   --env-file PATH       site settings (default: /etc/voice-agent/voice-agent.env)
   --state-dir DIR       models, caches; writable by the services (default: /var/lib/voice-agent)
-  --drain-timeout S     seconds open sessions get on stop (default: 20); TimeoutStopSec = 3 S + 15
+  --drain-timeout S     seconds open sessions get on stop; TimeoutStopSec = 3 S + 15. Also
+                        written into an existing env file. Default: what the env file
+                        already says (its largest VA_*__SERVER__DRAIN_TIMEOUT_S), else 20
   --prefix DIR          write everything under DIR; no user, chown or systemctl (for tests)
   --no-enable           install only; do not enable the units
   --start               (re)start voice-agent.target afterwards
@@ -30,7 +32,7 @@ die() { echo "install_systemd: $*" >&2; exit 2; }
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 install_dir=$repo venv="" tts_venv="" user=voice-agent group="" gateway_ports=8000
 asr_port=8001 tts_port=8002 env_file=/etc/voice-agent/voice-agent.env
-state_dir=/var/lib/voice-agent drain=20 prefix="" enable=1 start=0 dry_run=0
+state_dir=/var/lib/voice-agent drain="" prefix="" enable=1 start=0 dry_run=0
 
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -62,7 +64,7 @@ gateway_ports=${gateway_ports//,/ }
 # Validate everything before touching anything.
 [[ $user =~ ^[a-z_][a-z0-9_-]*$ ]] || die "bad user name: $user"
 [[ $group =~ ^[a-z_][a-z0-9_-]*$ ]] || die "bad group name: $group"
-[[ $drain =~ ^[0-9]+$ ]] || die "--drain-timeout takes whole seconds: $drain"
+[ -z "$drain" ] || [[ $drain =~ ^[0-9]+$ ]] || die "--drain-timeout takes whole seconds: $drain"
 for port in $asr_port $tts_port $gateway_ports; do
   if ! [[ $port =~ ^[0-9]+$ ]] || [ "$port" -lt 1 ] || [ "$port" -gt 65535 ]; then
     die "bad port: $port"
@@ -82,8 +84,31 @@ protect_home=yes  # a checkout or state under a home folder must stay visible to
 for path in "$install_dir" "$venv" "$tts_venv" "$state_dir"; do
   case "$path" in /home/*|/root/*|/run/user/*) protect_home=read-only ;; esac
 done
-stop_timeout=$((3 * drain + 15))
 unit_dir=$prefix/etc/systemd/system
+drain_names=(VA_ASR__SERVER__DRAIN_TIMEOUT_S VA_TTS__SERVER__DRAIN_TIMEOUT_S VA_GATEWAY__SERVER__DRAIN_TIMEOUT_S)
+
+env_drain() {  # the largest drain budget FILE sets, in whole seconds rounded up; empty if none
+  awk -F= -v q="'" '
+    /^[ \t]*VA_(ASR|TTS|GATEWAY)__SERVER__DRAIN_TIMEOUT_S[ \t]*=/ {
+      v = $2; gsub(/[ \t"]/, "", v); gsub(q, "", v)
+      if (v ~ /^[0-9]+([.][0-9]*)?$/) { c = int(v); if (c < v + 0) c++; if (!n || c > m) m = c; n = 1 }
+    }
+    END { if (n) print m }' "$1"
+}
+
+# The drain budget the units must cover: --drain-timeout, else the one the services will
+# read from an existing environment file (re-running without the option must not shrink
+# TimeoutStopSec under it: systemd would kill gateways mid-drain), else the default 20.
+drain_given=0
+if [ -n "$drain" ]; then
+  drain_given=1
+elif [ -r "$prefix$env_file" ] && found=$(env_drain "$prefix$env_file") && [ -n "$found" ]; then
+  drain=$found
+  echo "drain budget: $drain s, from $prefix$env_file (--drain-timeout changes it)"
+else
+  drain=20
+fi
+stop_timeout=$((3 * drain + 15))
 
 run() {  # run a command, or print it under --dry-run
   if [ "$dry_run" -eq 1 ]; then echo "[dry-run] $*"; else "$@"; fi
@@ -115,13 +140,15 @@ render() {  # render TEMPLATE to DEST with MODE
 # 1. The service user and its state folder.
 if [ -n "$prefix" ]; then
   echo "(--prefix: not creating user $user, not changing owners)"
-  run install -d -m 0750 "$prefix$state_dir" "$prefix$state_dir/models" "$prefix$state_dir/cache"
+  run install -d -m 0750 "$prefix$state_dir" "$prefix$state_dir/models" "$prefix$state_dir/cache" \
+    "$prefix$state_dir/voices"
 else
   if ! id -u "$user" >/dev/null 2>&1; then
     run useradd --system --home-dir "$state_dir" --no-create-home --shell /usr/sbin/nologin \
       --user-group "$user"
   fi
-  run install -d -m 0750 -o "$user" -g "$group" "$state_dir" "$state_dir/models" "$state_dir/cache"
+  run install -d -m 0750 -o "$user" -g "$group" "$state_dir" "$state_dir/models" "$state_dir/cache" \
+    "$state_dir/voices"
 fi
 
 # 2. The units.
@@ -130,9 +157,36 @@ for template in "$repo"/deploy/systemd/*.service "$repo"/deploy/systemd/*.target
 done
 [ -x "$tts_venv/bin/python" ] || echo "note: no $tts_venv/bin/python yet: create the TTS environment (docs/deployment.md)" >&2
 
-# 3. The environment file: installed once, never overwritten (it holds the site's settings).
+# 3. The environment file: installed once, never overwritten (it holds the site's settings);
+#    --drain-timeout rewrites its three drain lines, so units and services agree.
+set_env_drain() {  # point FILE's drain lines at $drain (appending any it lacks), in place
+  local file=$1 name text
+  text=$(cat "$file")
+  for name in "${drain_names[@]}"; do
+    if grep -qE "^[[:space:]]*$name[[:space:]]*=" <<<"$text"; then
+      text=$(sed -E "s|^[[:space:]]*$name[[:space:]]*=.*|$name=$drain|" <<<"$text")
+    else
+      text+=$'\n'"$name=$drain"
+    fi
+  done
+  printf '%s\n' "$text" >"$file"  # the same file: it keeps its owner and mode
+  echo "set ${drain_names[*]} to $drain in $file"
+}
+
 if [ -e "$prefix$env_file" ]; then
   echo "keeping existing $prefix$env_file"
+  if [ "$drain_given" -eq 1 ]; then
+    if [ "$dry_run" -eq 1 ]; then
+      echo "[dry-run] set ${drain_names[*]} to $drain in $prefix$env_file"
+    else
+      set_env_drain "$prefix$env_file"
+    fi
+  fi
+  # Settings newer installs write: say so rather than edit the site's file.
+  for wanted in "VA_TTS__VOICES__DIR=$state_dir/voices" "VA_GATEWAY__MODELS_DIR=$state_dir/models"; do
+    grep -qE "^[[:space:]]*${wanted%%=*}[[:space:]]*=" "$prefix$env_file" ||
+      echo "note: $prefix$env_file has no ${wanted%%=*}: add $wanted (docs/deployment.md)" >&2
+  done
 else
   render "$repo/deploy/systemd/voice-agent.env" "$prefix$env_file" 0640
   [ -n "$prefix" ] || run chown "root:$group" "$env_file"

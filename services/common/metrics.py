@@ -7,6 +7,9 @@ service's own `metrics.py`. docs/metrics.md lists them all.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Final
+
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
@@ -24,6 +27,13 @@ REQUESTS = Counter(
     "Requests and jobs served, by service, route and outcome (ok or error).",
     ["service", "route", "outcome"],
 )
+REST_ROUTES: Final[Mapping[tuple[str, str], str]] = {
+    ("asr", "/v1/audio/transcriptions"): "transcriptions",
+    ("asr", "/v1/audio/translations"): "translations",
+    ("tts", "/v1/audio/speech"): "speech",
+}
+"""(service, path) → `route` of the REST requests REQUESTS counts: `ok` where each is
+served, `error` for every error one gets back (services/common/service/routes.py)."""
 ERRORS = Counter(
     "va_errors_total", "Errors returned to clients, by service and error code.", ["service", "code"]
 )

@@ -10,7 +10,9 @@ max(1.5 × the one-session p95, 1 s)) with no turn lost; the run stops at the fi
 over it. The results file (docs/loadtest.md) has per-stage latencies, where the time went
 (the services' metrics), errors by code, word accuracy, server figures and every break of
 the wire contract. Exit status: 0 fine; 1 the service broke the contract or the error
-rate passed `--max-error-rate`; 2 a usage error or no connection at all.
+rate passed `--max-error-rate`; 2 a usage error or no connection at all. With
+authentication on, give an API key (or client token) in `VA_API_KEY`: every session and
+the services' /health and /metrics get it as `Authorization: Bearer`.
 """
 
 from __future__ import annotations
@@ -18,12 +20,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import os
 import shlex
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any, Final
+
+import websockets
 
 from services.client.stream import StreamClient
 from services.common.platform.extras import MissingExtra, require_extra
@@ -139,10 +144,15 @@ def add_loadtest_command(sub: argparse._SubParsersAction[argparse.ArgumentParser
     parser.set_defaults(func=run)
 
 
+def _api_key() -> str | None:
+    """`VA_API_KEY`, as `voice-agent client` takes it: never in `ps` or the shell history."""
+    return os.environ.get("VA_API_KEY") or None
+
+
 def run(args: argparse.Namespace) -> None:
     """The CLI's entry: exits with the load test's status."""
     command_line = shlex.join(["voice-agent", *sys.argv[1:]])
-    status = execute(args, command_line)
+    status = execute(args, command_line, _api_key())
     if status:
         raise SystemExit(status)
 
@@ -154,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(parser)
     words = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(words)
-    return execute(args, shlex.join(["voice-agent", "loadtest", *words]))
+    return execute(args, shlex.join(["voice-agent", "loadtest", *words]), _api_key())
 
 
 # ---------------------------------------------------------------------- the run
@@ -165,14 +175,29 @@ def _fail(message: str) -> int:
     return 2
 
 
-async def _probe(url: str) -> None:
+async def _probe(url: str, api_key: str | None) -> None:
     """One session opened and closed: the gateway answers at all."""
-    async with StreamClient(url) as client:
+    async with StreamClient(url, api_key=api_key) as client:
         await client.send({"type": "session.close"})
 
 
-def execute(args: argparse.Namespace, command_line: str) -> int:
-    """Run every level; write the results and plots; the exit status."""
+def _refused(exc: Exception, url: str, api_key: str | None) -> str:
+    """Why the first session did not open, in one line."""
+    status = exc.response.status_code if isinstance(exc, websockets.InvalidStatus) else None
+    if status in (401, 403):
+        held = "was refused" if api_key else "is not set"
+        return (
+            f"the gateway at {url} refused the session ({status}): VA_API_KEY {held}; "
+            "set it to an API key or client token (docs/auth.md)"
+        )
+    if status is not None:
+        return f"the gateway at {url} refused the session with HTTP {status}"
+    return f"cannot open a session at {url}: {exc!r}"
+
+
+def execute(args: argparse.Namespace, command_line: str, api_key: str | None = None) -> int:
+    """Run every level; write the results and plots; the exit status. `api_key` (an API
+    key or client token) goes with every session and every /health and /metrics sample."""
     if not str(args.url).startswith(("ws://", "wss://")):
         return _fail(f"--url must be ws:// or wss://, not {args.url!r}")
     try:
@@ -184,12 +209,13 @@ def execute(args: argparse.Namespace, command_line: str) -> int:
     except CorpusError as exc:
         return _fail(str(exc))
     try:
-        asyncio.run(_probe(args.url))
+        asyncio.run(_probe(args.url, api_key))
     except Exception as exc:
-        return _fail(f"cannot open a session at {args.url}: {exc!r}")
-    services = Services({"gateway": http_base(args.url), "asr": args.asr_url, "tts": args.tts_url})
+        return _fail(_refused(exc, args.url, api_key))
+    urls = {"gateway": http_base(args.url), "asr": args.asr_url, "tts": args.tts_url}
+    services = Services(urls, api_key)
     target = {name: s.health if s else None for name, s in services.sample().items()}
-    levels, budget = _run_levels(args, _plan(args, corpus), services)
+    levels, budget = _run_levels(args, _plan(args, corpus, api_key), services)
     result = _result(args, corpus, target, levels, budget)
     if args.out:
         write(args.out, result, command_line)
@@ -201,7 +227,7 @@ def execute(args: argparse.Namespace, command_line: str) -> int:
     return 0 if result["ok"] else 1
 
 
-def _plan(args: argparse.Namespace, corpus: list[Utterance]) -> UserPlan:
+def _plan(args: argparse.Namespace, corpus: list[Utterance], api_key: str | None) -> UserPlan:
     return UserPlan(
         url=args.url,
         corpus=tuple(corpus),
@@ -210,6 +236,7 @@ def _plan(args: argparse.Namespace, corpus: list[Utterance]) -> UserPlan:
         think_s=args.think_s,
         reply_timeout_s=args.reply_timeout,
         seed=args.seed,
+        api_key=api_key,
     )
 
 

@@ -44,17 +44,20 @@ class Services:
     """The base URLs of the services a run watches (None: not watched)."""
 
     urls: dict[str, str | None] = field(default_factory=dict)
+    api_key: str | None = field(default=None, repr=False)
+    """Sent as `Authorization: Bearer` (services whose ops routes are protected)."""
 
     def sample(self, window_s: float = 60.0) -> dict[str, Sample | None]:
         return {
-            name: None if url is None else _sample(name, url, window_s)
+            name: None if url is None else _sample(name, url, window_s, self.api_key)
             for name, url in self.urls.items()
         }
 
 
-def _sample(name: str, url: str, window_s: float) -> Sample:
+def _sample(name: str, url: str, window_s: float, api_key: str | None) -> Sample:
     window = min(600.0, max(1.0, window_s))
-    with httpx.Client(base_url=url.rstrip("/"), timeout=TIMEOUT_S) as client:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    with httpx.Client(base_url=url.rstrip("/"), timeout=TIMEOUT_S, headers=headers) as client:
         health = _json(client, f"/health?window_s={window:.0f}")
         found = histograms(_metrics(client), name)
     return Sample(time.time(), health, found)

@@ -41,6 +41,8 @@ class UserPlan:
     reply_timeout_s: float = 20.0
     drain_timeout_s: float = 20.0
     seed: int = 0
+    api_key: str | None = field(default=None, repr=False)
+    """An API key or client token for every session (`Authorization: Bearer`)."""
 
 
 @dataclass(frozen=True)
@@ -109,12 +111,16 @@ class User:
     async def run(self) -> SessionRun:
         await asyncio.sleep(max(0.0, self.window.start_of(self.index) - time.monotonic()))
         conversation = self.record.conversation
-        client = StreamClient(self.plan.url, on_message=conversation.feed)
+        client = StreamClient(
+            self.plan.url, on_message=conversation.feed, api_key=self.plan.api_key
+        )
         try:
             await client.__aenter__()
         except websockets.ConnectionClosed as exc:
             code = exc.rcvd.code if exc.rcvd is not None else 1006
             return self._failed(f"closed_{code}")
+        except websockets.InvalidStatus as exc:  # e.g. 429: the tenant's limits
+            return self._failed(f"refused_{exc.response.status_code}")
         except Exception:
             return self._failed("connect_failed")
         conversation.start(client.session)

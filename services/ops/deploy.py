@@ -15,10 +15,11 @@ import pwd
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 DEPLOY_DIR = Path(__file__).resolve().parents[2] / "deploy"
 NGINX_TEMPLATE = DEPLOY_DIR / "nginx" / "voice-agent.conf"
@@ -186,18 +187,35 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Render the nginx config from the command line."""
-    args = vars(_parser().parse_args(argv))
+    """Render the nginx config from the command line (a bad option: one line, exit 2)."""
+    parser = _parser()
+    args = vars(parser.parse_args(argv))
     lists = {"gateways": "gateway", "asr": "asr", "tts": "tts", "bind": "bind"}
     fields = {f.name for f in dataclasses.fields(NginxSite)} - set(lists)
     given: dict[str, Any] = {key: args[key] for key in fields}
     given.update({key: tuple(args[flag]) for key, flag in lists.items() if args[flag]})
-    site = NginxSite(**given)
-    text = render_nginx(site, args["template"])
+    try:
+        site = NginxSite(**given)
+        text = render_nginx(site, args["template"])
+        if args["out"] is not None:
+            args["out"].write_text(text)
+    except ValueError as exc:  # an option NginxSite refuses (addresses, limits, timeouts)
+        _fail(_as_flags(str(exc)))
+    except OSError as exc:  # --template to read, --out to write
+        _fail(f"{exc.filename}: {exc.strerror or exc}")
     if args["out"] is None:
         print(text, end="")
-    else:
-        args["out"].write_text(text)
+
+
+def _as_flags(message: str) -> str:
+    """NginxSite's words for its fields, as the command line's flags (`--ws-timeout-s`)."""
+    names = "|".join(f.name for f in dataclasses.fields(NginxSite))
+    return re.sub(rf"\b({names})\b", lambda m: "--" + m.group(1).replace("_", "-"), message)
+
+
+def _fail(message: str) -> NoReturn:
+    print(f"python -m services.ops.deploy nginx: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""`voice-agent doctor`: can this host serve? GPUs, models, Redis, ports and nginx.
+"""`voice-agent doctor`: can this host serve? GPUs, models, end of turn, Redis, ports, nginx.
 
 Each check says OK, WARN or FAIL, and what to do about anything that is not OK; the
 exit status is 1 when one FAILs. Settings are read as the services read them, from
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from collections.abc import MutableMapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from services.ops.deploy import NginxSite
 from services.ops.doctor_checks import (
     Check,
     check_asr_model,
+    check_end_of_turn,
     check_gpus,
     check_nginx_config,
     check_port,
@@ -87,6 +89,7 @@ def run_checks(options: Options) -> list[Check]:
         check_gpus(asr, tts),
         check_asr_model(asr),
         check_tts_model(tts, options.tts_venv),
+        check_end_of_turn(gateway.gateway),
         check_redis(gateway.redis.url),
         check_port("asr", asr.asr.server.host, asr.asr.server.port),
         check_port("tts", tts.tts.server.host, tts.tts.server.port),
@@ -107,14 +110,30 @@ def report(checks: list[Check]) -> str:
     return "\n".join(lines)
 
 
+def ports_list(text: str) -> tuple[int, ...]:
+    """An argparse type: comma-separated TCP ports (`8000,8010`)."""
+    try:
+        ports = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: not a comma-separated list of ports") from None
+    if not ports or not all(1 <= port <= 65535 for port in ports):
+        raise argparse.ArgumentTypeError(f"{text!r}: ports run from 1 to 65535")
+    return ports
+
+
 def run_cli(args: argparse.Namespace) -> None:
-    """`voice-agent doctor`: print the checks; exit 1 if any FAILs."""
+    """`voice-agent doctor`: print the checks; exit 1 if any FAILs (2: a bad argument)."""
     env_file = args.env_file
     if env_file is None and DEFAULT_ENV_FILE.is_file():
         env_file = DEFAULT_ENV_FILE
     if env_file:
-        load_env_file(Path(env_file), os.environ)
-    ports = tuple(int(p) for p in args.gateway_ports.split(",") if p) if args.gateway_ports else ()
+        try:
+            load_env_file(Path(env_file), os.environ)
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else "not a text file"
+            print(f"voice-agent doctor: error: cannot read {env_file}: {reason}", file=sys.stderr)
+            raise SystemExit(2) from None
+    ports = args.gateway_ports or ()
     options = Options(ports, args.tls_cert, args.tls_key, args.nginx_conf, args.tts_venv)
     checks = run_checks(options)
     if args.json:
@@ -127,9 +146,13 @@ def run_cli(args: argparse.Namespace) -> None:
 
 def add_parser(sub: Any) -> None:
     """Register `doctor` on the `voice-agent` subcommands."""
-    parser = sub.add_parser("doctor", help="check GPUs, models, Redis, ports and nginx")
+    parser = sub.add_parser(
+        "doctor", help="check GPUs, models, end of turn, Redis, ports and nginx"
+    )
     parser.add_argument("--env-file", help=f"site settings to read (default: {DEFAULT_ENV_FILE})")
-    parser.add_argument("--gateway-ports", help="comma-separated ports of the gateway processes")
+    parser.add_argument(
+        "--gateway-ports", type=ports_list, help="comma-separated ports of the gateway processes"
+    )
     parser.add_argument("--tls-cert", type=Path, default=NginxSite.tls_cert)
     parser.add_argument("--tls-key", type=Path, default=NginxSite.tls_key)
     parser.add_argument("--nginx-conf", type=Path, help="test this nginx.conf instead")

@@ -1,7 +1,8 @@
 """The checks of `voice-agent doctor` (services/ops/doctor.py): each returns a `Check`.
 
-GPUs (NVML), the configured engines and their model folders, Redis, the services'
-ports, and nginx (`nginx -t` on the shipped template rendered for this host).
+GPUs (NVML), the configured engines and their model folders, the gateway's end-of-turn
+model, Redis, the services' ports, and nginx (`nginx -t` on the shipped template rendered
+for this host).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from services.common.bus.connection import parse_url
 from services.common.errors import EngineUnavailable
 from services.common.platform import gpu
 from services.common.platform.packaged import PackagedModel, SplitModel
+from services.gateway.settings import GatewaySection
 from services.ops.deploy import (
     NginxSite,
     check_nginx,
@@ -137,6 +139,27 @@ def check_asr_model(settings: AsrSettings) -> Check:
     return Check("model asr", "OK", f"faster-whisper model at {folder}")
 
 
+def check_end_of_turn(section: GatewaySection) -> Check:
+    """The gateway's end-of-turn policy: `auto` quietly falls back to the silence rule
+    (slower: it waits out the whole fallback pause) when Smart Turn is not installed."""
+    from services.gateway.smart_turn import available
+
+    name = section.end_of_turn
+    if name not in ("auto", "smart-turn"):
+        return Check("end of turn", "OK", f"the {name} policy")
+    folder = section.models_dir.absolute()
+    if available(section.models_dir):
+        return Check("end of turn", "OK", f"{name}: Smart Turn (in {folder} or its wheel)")
+    fix = (
+        f"voice-agent models pull smart-turn --dir {folder} (VA_GATEWAY__MODELS_DIR names "
+        "the folder), or choose a policy: VA_GATEWAY__END_OF_TURN"
+    )
+    if name == "smart-turn":
+        return Check("end of turn", "FAIL", f"no Smart Turn model in {folder}", fix)
+    detail = f"auto resolves to silence (slower turns): no Smart Turn model in {folder}"
+    return Check("end of turn", "WARN", detail, fix)
+
+
 def _importable_in(venv: Path, module: str) -> bool:
     python = venv / "bin" / "python"
     if not python.exists():
@@ -230,13 +253,21 @@ def _data_node(url: str) -> str:
 def check_redis(url: str) -> Check:
     """Redis answers, and is new enough for the Streams commands the bus uses (6.2)."""
     try:
-        client = redis.Redis.from_url(_data_node(url), socket_connect_timeout=2, socket_timeout=2)
+        node = _data_node(url)
+    except ValueError as exc:  # a URL the bus cannot use (parse_url says why)
+        fix = "redis://, rediss://, redis+sentinel:// or redis+cluster:// (docs/redis-ha.md)"
+        return Check("redis", "FAIL", f"VA_REDIS__URL {_redacted(url)}: {exc}", fix)
     except (redis.RedisError, StopIteration) as exc:
         fix = "check the sentinels / cluster nodes in VA_REDIS__URL (docs/redis-ha.md)"
         reason = str(exc)[:160]
         return Check(
             "redis", "FAIL", f"{_redacted(url)}: no master or node answers ({reason})", fix
         )
+    try:
+        client = redis.Redis.from_url(node, socket_connect_timeout=2, socket_timeout=2)
+    except ValueError as exc:  # redis-py's own refusal of the URL
+        fix = "VA_REDIS__URL (docs/redis-ha.md)"
+        return Check("redis", "FAIL", f"VA_REDIS__URL {_redacted(url)}: {exc}", fix)
     try:
         version = str(client.info("server")["redis_version"])
     except redis.RedisError as exc:

@@ -12,6 +12,9 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from pydantic import ValidationError
+from redis.exceptions import RedisError
+
 from services.common.auth.api_keys import ApiKey, KeyStore
 from services.common.auth.settings import Limits
 from services.common.bus.connection import connect
@@ -35,7 +38,8 @@ def add_keys_command(sub: Any) -> None:
     create.add_argument("--name", default="", help="a label to tell keys apart")
     for name, meaning in LIMIT_FLAGS.items():
         flag = "--" + name.replace("_", "-")
-        create.add_argument(flag, type=int, help=f"{meaning} (default: VA_AUTH__LIMITS__...)")
+        help_text = f"{meaning} (default: VA_AUTH__LIMITS__...)"
+        create.add_argument(flag, type=_limit(name), help=help_text, metavar="N")
     listing = actions.add_parser("list", help="every key (never the secret)")
     listing.add_argument("--json", action="store_true", help="one JSON object per line")
     revoke = actions.add_parser("revoke", help="revoke a key and the client tokens it signed")
@@ -43,18 +47,40 @@ def add_keys_command(sub: Any) -> None:
     p_keys.set_defaults(func=keys_command)
 
 
+def _limit(name: str) -> Callable[[str], int]:
+    """An argparse type: a whole number within the bounds `Limits` sets for `name`."""
+
+    def parse(text: str) -> int:
+        try:
+            return int(Limits.model_validate({name: int(text)}).model_dump()[name])
+        except ValueError as exc:  # not a number, or out of bounds (ValidationError)
+            why = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else "not a number"
+            raise argparse.ArgumentTypeError(f"{text!r}: {why}") from None
+
+    parse.__name__ = "limit"
+    return parse
+
+
 def keys_command(args: argparse.Namespace) -> None:
     try:
         asyncio.run(_with_store(ACTIONS[args.action], args))
     except VoiceAgentError as exc:
         raise SystemExit(f"voice-agent keys {args.action}: {exc.message}") from None
+    except (RedisError, OSError) as exc:
+        raise SystemExit(
+            f"voice-agent keys {args.action}: cannot reach Redis ({exc}): is it running, "
+            "and is VA_REDIS__URL the deployment's?"
+        ) from None
 
 
 async def _with_store(
     action: Callable[[KeyStore, argparse.Namespace], Awaitable[None]], args: argparse.Namespace
 ) -> None:
     settings = load_settings("gateway")
-    redis = connect(settings.redis)
+    try:
+        redis = connect(settings.redis)
+    except ValueError as exc:  # a URL the bus cannot use (parse_url)
+        raise SystemExit(f"voice-agent keys {args.action}: VA_REDIS__URL: {exc}") from None
     try:
         await action(KeyStore(redis, settings.redis.prefix), args)
     finally:

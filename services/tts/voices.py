@@ -30,7 +30,12 @@ from redis.asyncio import Redis
 
 from services.common.audio.pcm import AudioF32, decode_file, encode_audio
 from services.common.bus.keys import Keys
-from services.common.errors import InvalidAudio, InvalidMessage, UploadTooLarge
+from services.common.errors import (
+    EngineUnavailable,
+    InvalidAudio,
+    InvalidMessage,
+    UploadTooLarge,
+)
 from services.common.tenancy import DEFAULT_TENANT
 from services.tts.engines.base import LibraryVoice
 from services.tts.settings import VoiceLibrarySettings
@@ -39,6 +44,10 @@ VOICE_ID: Final = re.compile(r"^v_[0-9a-f]{16}$")
 FULL_SCALE: Final = 0.99
 """A sample at or above this magnitude counts as clipped."""
 SILENCE_DBFS: Final = -120.0
+
+
+class VoiceStorageUnavailable(EngineUnavailable):
+    """The clips' folder (`VA_TTS__VOICES__DIR`) cannot be written (HTTP 503)."""
 
 
 def is_library_id(voice: str | None) -> bool:
@@ -196,7 +205,7 @@ class VoiceLibrary:
             tenant=tenant,
         )
         wav = await asyncio.to_thread(encode_audio, samples, info.sample_rate, "wav")
-        await asyncio.to_thread(_write_atomically, self.clip_path(info.id), wav)
+        await self._store(self.clip_path(info.id), wav)
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.set(self._key(info.id, ":clip"), wav)
             pipe.hset(self._key(info.id), mapping=info.to_redis())  # type: ignore[arg-type]
@@ -241,8 +250,20 @@ class VoiceLibrary:
         wav = await self.redis.get(self._key(info.id, ":clip"))
         if not isinstance(wav, bytes):
             raise InvalidAudio(f"the clip of voice {info.id!r} is missing: upload it again")
-        await asyncio.to_thread(_write_atomically, path, wav)
+        await self._store(path, wav)
         return path
+
+    async def _store(self, path: Path, wav: bytes) -> None:
+        """Write a clip to this host's disk; VoiceStorageUnavailable (503, naming the
+        setting) when the folder is not writable, as a read-only install is."""
+        try:
+            await asyncio.to_thread(_write_atomically, path, wav)
+        except OSError as exc:
+            raise VoiceStorageUnavailable(
+                f"the voice library cannot write to {self.settings.dir} "
+                f"({exc.strerror or type(exc).__name__}): set VA_TTS__VOICES__DIR to a "
+                "writable folder"
+            ) from exc
 
 
 def _text(value: bytes | str) -> str:

@@ -4,7 +4,8 @@
    Redis, ASR, TTS and the gateway started in compose's order (tests/compose_runner.py:
    each after its dependencies' healthchecks pass), no credential refused, an API key made
    with `voice-agent keys create` inside the gateway container (as docs/containers.md says),
-   one spoken turn through /v1/stream (transcript and agent audio), a clean stop (every
+   a voice uploaded (onto the `voices` volume: the root filesystem is read-only), one
+   spoken turn through /v1/stream (transcript and agent audio), a clean stop (every
    container exits 0 on SIGTERM).
 2. The image's hygiene: non-root, HEALTHCHECK, labels, no pip, and none of the build
    host's pip settings or CA bundle (passed as build secrets) nor any private key in any
@@ -46,6 +47,7 @@ from services.ops.redis_server import free_port
 from tests import containers
 from tests.compose_runner import Project, load
 from tests.speech import speak
+from tests.unit.test_voices import voice_like, wav
 
 QUESTION = "what is the weather like in paris today"
 CHART = containers.REPO / "deploy" / "kubernetes" / "voice-agent"
@@ -111,6 +113,16 @@ async def test_compose_stack_answers_one_spoken_turn(stack: Stack) -> None:
     assert key.startswith("va_") and key not in made.stderr
     health = httpx.get(f"http://127.0.0.1:{ports['gateway']}/health", timeout=10).json()
     assert health["end_of_turn"] == "smart-turn", health  # the model the image carries
+
+    # a voice upload: the root filesystem is read-only, the clips go to the `voices` volume
+    uploaded = httpx.post(
+        f"http://127.0.0.1:{ports['tts']}/v1/voices",
+        files={"file": ("me.wav", wav(voice_like(5.0)), "audio/wav")},
+        data={"name": "me"},
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=60,
+    )
+    assert uploaded.status_code == 201, uploaded.text
 
     audio = np.concatenate([speak(QUESTION, 16000), np.zeros(16000, np.float32)])
     async with StreamClient(url, api_key=key, open_timeout_s=20) as client:

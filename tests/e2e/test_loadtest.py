@@ -12,13 +12,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from websockets.asyncio.server import ServerConnection, serve
 
 from services.client.stream import write_wav
+from services.common.audio.pcm import float_to_pcm16
 from services.common.audio.vad import VadSettings
 from services.loadtest.cli import main
 from services.ops.redis_server import free_port
-from tests.conftest import Stack
+from tests.conftest import RedisProc, Stack
+from tests.e2e.test_auth import start_auth_stack
+from tests.speech import speak
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -181,3 +185,47 @@ def test_contract_violations_exit_1(tmp_path: Path) -> None:
     assert level["turns"] >= 2 and level["word_accuracy"]["mean"] == 1.0  # first final counts
     assert level["stages_ms"]["voice_to_voice"]["count"] >= 2
     assert level["server"]["gateway"] is None  # no /health there
+
+
+# ---------------------------------------------------------------- authentication
+
+
+def test_loadtest_authenticates_with_va_api_key(
+    redis_server: RedisProc,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """With authentication on, the key in VA_API_KEY opens every session and the services'
+    protected /health; without it (or with a wrong one) a one-line error, exit 2."""
+    audio = tmp_path / "audio"
+    audio.mkdir()
+    pcm = float_to_pcm16(speak("what is the weather like today", 16000))
+    write_wav(audio / "weather.wav", pcm, 16000)
+    (audio / "weather.txt").write_text("hello there")  # what the fake ASR hears
+    out = tmp_path / "loadtest.json"
+    with start_auth_stack(redis_server.settings(), tmp_path / "voices") as stack:
+        args = [
+            *("--url", f"{stack.gateway.ws}/v1/stream", "--asr-url", stack.asr.http),
+            *("--audio", str(audio), "--sessions", "2", "--ramp", "0", "--duration", "3"),
+            *("--think-s", "0.1,0.2", "--barge-in-rate", "0", "--budget-ms", "5000"),
+            *("--out", str(out)),
+        ]
+        for key, said in ((None, "VA_API_KEY is not set"), ("va_wrong", "VA_API_KEY was refused")):
+            if key is None:
+                monkeypatch.delenv("VA_API_KEY", raising=False)
+            else:
+                monkeypatch.setenv("VA_API_KEY", key)
+            assert main(args) == 2
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and "(401)" in err and said in err, err
+            assert "Traceback" not in err
+        monkeypatch.setenv("VA_API_KEY", stack.key)
+        assert main(args) == 0
+    result = json.loads(out.read_text())
+    (level,) = result["levels"]
+    assert not [code for code in level["errors"] if code.startswith(("connect", "refused"))]
+    assert level["turns_completed"] >= 2 and level["errors"] == {}
+    assert "uptime_s" in result["target"]["gateway"]  # the full /health: the key went along
+    assert "uptime_s" in result["target"]["asr"]
+    assert stack.key not in out.read_text()

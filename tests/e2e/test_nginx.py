@@ -207,6 +207,45 @@ async def test_realtime_over_wss(front: Front) -> None:
     await all_closed(front)
 
 
+async def twilio_call(ws: Any, n: int) -> None:
+    """Twilio's side of a call's opening: `connected`, then `start` (stream `n`)."""
+    sid = f"MZ{n:032d}"
+    start = {
+        "accountSid": "AC" + "0" * 32,
+        "streamSid": sid,
+        "callSid": "CA" + "1" * 32,
+        "tracks": ["inbound"],
+        "customParameters": {},
+        "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1},
+    }
+    await ws.send(json.dumps({"event": "connected", "protocol": "Call", "version": "1.0.0"}))
+    await ws.send(json.dumps({"event": "start", "start": start, "streamSid": sid}))
+
+
+async def test_twilio_calls_from_one_address_pass_the_per_address_limit(front: Front) -> None:
+    """/v1/twilio reaches the gateways; Twilio's calls come from few addresses, so only the
+    per-server limit counts them: PER_SERVER calls from one address (more than PER_IP) are
+    all answered, the next is refused."""
+    await all_closed(front)
+    async with AsyncExitStack() as stack:
+        for n in range(PER_SERVER):
+            ws = await stack.enter_async_context(
+                websockets.connect(f"{front.wss}/v1/twilio", ssl=front.tls)
+            )
+            front.upgrades += 1
+            await twilio_call(ws, n)
+        async with asyncio.timeout(10):
+            while sum(front.sessions().values()) < PER_SERVER:
+                await asyncio.sleep(0.05)
+        with pytest.raises(InvalidStatus) as refused:
+            async with websockets.connect(f"{front.wss}/v1/twilio", ssl=front.tls):
+                pass
+        assert refused.value.response.status_code == 429  # per server
+    await all_closed(front)
+    access = front.log("voice-agent.access.log")
+    assert access.count('"GET /v1/twilio HTTP/1.1" 101 ') == PER_SERVER
+
+
 async def test_no_permessage_deflate_through_nginx(front: Front) -> None:
     front.upgrades += 1
     async with websockets.connect(

@@ -205,3 +205,22 @@ def test_the_container_benchmark_imports() -> None:
     import benchmarks.containers as bench
 
     assert callable(bench.main)
+
+
+@pytest.mark.parametrize("files", [("compose.yaml",), ("compose.yaml", "compose.gpu.yaml")])
+def test_uploaded_voices_go_to_a_volume(files: tuple[str, ...]) -> None:
+    """The root filesystem is read-only: the TTS keeps uploaded clips on a named volume
+    (POST /v1/voices was a 500 writing the default, relative `var/voices`)."""
+    model = compose(*files)
+    tts = model["services"]["tts"]
+    folder = Path(tts["environment"]["VA_TTS__VOICES__DIR"])
+    mounts = [str(v).split(":") for v in tts["volumes"]]
+    named = {target: source for source, target, *_ in mounts if source in model["volumes"]}
+    assert any(folder.is_relative_to(target) for target in named), (folder, named)
+    home = "/var/lib/voice-agent"  # made by the Dockerfiles' useradd, owned by the user
+    for dockerfile in DOCKERFILES.values():
+        assert (
+            f"--home-dir {home}" in dockerfile.read_text()
+            and "--create-home" in dockerfile.read_text()
+        )
+    assert named.get(home) == "voices"

@@ -35,6 +35,7 @@ OTHER_VARIABLES = {
     "VA_MONITOR_TTS_URL": "scripts/monitor_gpus.sh",
     "VA_MONITOR_GATEWAY_URL": "scripts/monitor_gpus.sh",
     "VA_MONITOR_TIMEOUT": "scripts/monitor_gpus.sh",
+    "VA_MONITOR_SMI_TIMEOUT": "scripts/monitor_gpus.sh",
 }
 """Environment variables the docs name that are no service setting, and who reads them."""
 _CODE = re.compile(r"```.*?```|`[^`\n]+`", re.DOTALL)

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from services.asr.settings import AsrSettings
+from services.gateway import smart_turn
+from services.gateway.settings import GatewaySection
 from services.ops import deploy, doctor_checks
 from services.ops.cli import main
 from services.ops.deploy import NginxSite
@@ -16,6 +18,7 @@ from services.ops.doctor import load_env_file, report
 from services.ops.doctor_checks import (
     Check,
     check_asr_model,
+    check_end_of_turn,
     check_gpus,
     check_nginx_config,
     check_port,
@@ -110,6 +113,43 @@ def test_chatterbox_model_folder(tmp_path: Path) -> None:
     assert elsewhere.status == "FAIL" and "not importable" in elsewhere.detail
 
 
+def without_the_wheel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Smart Turn only where pulled: the tests extra installs its wheel, a GPU host has not."""
+    monkeypatch.setattr(
+        smart_turn, "available", lambda models_dir=None: (models_dir / "smart-turn-v3.2").is_dir()
+    )
+
+
+@pytest.mark.parametrize(
+    ("policy", "pulled", "status", "words"),
+    [
+        ("auto", False, "WARN", "auto resolves to silence (slower turns): no Smart Turn model"),
+        ("auto", True, "OK", "auto: Smart Turn"),
+        ("smart-turn", False, "FAIL", "no Smart Turn model"),
+        ("silence", False, "OK", "the silence policy"),
+    ],
+)
+def test_end_of_turn(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    policy: str,
+    pulled: bool,
+    status: str,
+    words: str,
+) -> None:
+    without_the_wheel(monkeypatch)
+    if pulled:
+        (tmp_path / "smart-turn-v3.2").mkdir()
+    check = check_end_of_turn(GatewaySection(end_of_turn=policy, models_dir=tmp_path))
+    assert check.status == status and words in check.detail, check
+    if status != "OK":
+        assert f"voice-agent models pull smart-turn --dir {tmp_path}" in check.fix
+
+
+def test_end_of_turn_with_the_model_at_hand() -> None:
+    assert check_end_of_turn(GatewaySection()).status == "OK"  # the tests extra's wheel
+
+
 def test_redis(redis_server: RedisProc) -> None:
     up = check_redis(redis_server.url)
     assert up.status == "OK" and "Redis " in up.detail
@@ -194,6 +234,24 @@ def test_command_exits_non_zero_on_fail(
     assert exited.value.code == 1
     assert "FAIL  redis" in out and "fix: start Redis" in out
     assert out.count("port gateway") == 2
+
+
+def test_command_warns_when_auto_would_be_silence(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    without_the_wheel(monkeypatch)
+    isolate(
+        monkeypatch,
+        {
+            "VA_REDIS__URL": f"redis://127.0.0.1:{free_port()}/0",
+            "VA_GATEWAY__MODELS_DIR": str(tmp_path),
+        },
+    )
+    with pytest.raises(SystemExit):
+        main(["doctor", "--env-file", ""])
+    out = capsys.readouterr().out
+    assert "WARN  end of turn   auto resolves to silence" in out
+    assert f"fix: voice-agent models pull smart-turn --dir {tmp_path}" in out
 
 
 def test_command_passes_on_a_ready_host(

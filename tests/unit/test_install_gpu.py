@@ -40,7 +40,23 @@ def test_script_is_valid_bash() -> None:
 
 def test_make_target_calls_the_script() -> None:
     makefile = (ROOT / "Makefile").read_text()
-    assert "install-gpu:\n\tbash scripts/install_gpu.sh" in makefile
+    assert "install-gpu:\n\tMODELS_DIR=$(MODELS) bash scripts/install_gpu.sh" in makefile
+
+
+@pytest.mark.parametrize(
+    ("args", "folder"),
+    [
+        ((), "models"),
+        (("--models-dir", "/var/lib/voice-agent/models"), "/var/lib/voice-agent/models"),
+    ],
+)
+def test_the_gateways_smart_turn_model_is_pulled(args: tuple[str, ...], folder: str) -> None:
+    """Without Smart Turn the default end-of-turn policy `auto` is the slower silence rule."""
+    done = dry_run("--cuda", "cu126", *args)
+    assert done.returncode == 0, done.stderr
+    assert f"/nonexistent/venv/bin/voice-agent models pull smart-turn --dir {folder}" in commands(
+        done.stdout
+    )
 
 
 def test_dry_run_shows_both_environments_in_order() -> None:

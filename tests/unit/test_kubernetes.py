@@ -16,11 +16,12 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from services.asr.settings import AsrSettings
+from services.asr.settings import AsrSection, AsrSettings
 from services.common.service.settings import BaseServiceSettings
 from services.gateway.drain import stop_budget_s
 from services.gateway.settings import GatewaySettings
 from services.ops.cli import parser as cli_parser
+from services.ops.deploy import NginxSite
 from services.ops.models import MODELS
 from services.tts.settings import TtsSettings
 
@@ -208,11 +209,39 @@ def test_ingress_keeps_websockets_open_and_routes_like_nginx() -> None:
         p["path"]: p["backend"]["service"]["name"]
         for p in ingress["spec"]["rules"][0]["http"]["paths"]
     }
-    assert paths["/v1/stream"] == "va-voice-agent-gateway"
+    kinds = {p["path"]: p["pathType"] for p in ingress["spec"]["rules"][0]["http"]["paths"]}
+    gateway_routes = {
+        "/v1/stream": "Exact",
+        "/v1/realtime": "Exact",
+        "/v1/twilio": "Exact",
+        "/v1/sessions": "Exact",
+        "/": "Exact",
+        "/static": "Prefix",
+        "/health": "Exact",
+        "/ready": "Exact",
+    }
+    for path, kind in gateway_routes.items():
+        assert (paths[path], kinds[path]) == ("va-voice-agent-gateway", kind), path
     assert paths["/v1/stream/asr"] == "va-voice-agent-asr"
-    assert paths["/v1/audio/speech"] == "va-voice-agent-tts"
+    assert paths["/v1/audio/speech"] == paths["/v1/voices"] == "va-voice-agent-tts"
     assert paths["/v1/audio/translations"] == paths["/v1/models"] == "va-voice-agent-asr"
     assert ingress["spec"]["tls"][0]["secretName"] == "voice-agent-tls"
+    # Above the ASR's upload limit: a file at the limit plus its multipart overhead
+    # reaches the ASR (a typed 413), as deploy/nginx's client_max_body_size.
+    body = notes["nginx.ingress.kubernetes.io/proxy-body-size"]
+    assert int(body.removesuffix("m")) > AsrSection.model_fields["max_upload_mb"].default
+    assert body == f"{NginxSite().max_body_mb}m"
+
+
+def test_ingress_without_engines_sends_the_voice_list_to_the_gateways() -> None:
+    docs = render("redis.existingSecret=redis-url", "ingress.exposeEngines=false")
+    ingress = find(docs, "Ingress", "va-voice-agent")
+    paths = {
+        p["path"]: p["backend"]["service"]["name"]
+        for p in ingress["spec"]["rules"][0]["http"]["paths"]
+    }
+    assert set(paths.values()) == {"va-voice-agent-gateway"}
+    assert "/v1/voices" in paths and "/v1/twilio" in paths
 
 
 def test_pdb_and_hpa_select_the_gateways() -> None:

@@ -1,17 +1,26 @@
-"""scripts/monitor_gpus.sh with a fake nvidia-smi, a failing one, none, and real /health."""
+"""scripts/monitor_gpus.sh with a fake nvidia-smi, a failing one, a hung one, none, and real
+/health (open, and protected: brief without a credential, whole with VA_API_KEY)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pydantic import SecretStr
 
+from services.asr.app import create_app as asr_app
+from services.asr.settings import AsrSettings
+from services.common.auth.api_keys import KeyStore
+from services.common.auth.settings import AuthSettings, Limits
+from services.common.bus.connection import connect
 from services.ops.redis_server import free_port
 from tests.conftest import RedisProc
 from tests.ops_app import ops_app
@@ -22,12 +31,15 @@ QUERY = (
     "--query-gpu=index,name,temperature.gpu,utilization.gpu,utilization.memory,"
     "memory.used,memory.total --format=csv,noheader,nounits"
 )
-TOOLS = ("bash", "env", "awk", "head", "curl", "date", "sleep", "sed")
+TOOLS = ("bash", "env", "awk", "head", "curl", "date", "sleep", "sed", "timeout")
 
 FAKE_SMI = f"""#!/bin/sh
 [ "$*" = "{QUERY}" ] || {{ echo "unexpected arguments: $*" >&2; exit 3; }}
 echo "0, NVIDIA GeForce RTX 3090, 45, 25, 20, 4096, 24576"
 echo "1, NVIDIA GeForce RTX 3090, [N/A], 35, 18, 3584, 24576"
+"""
+HUNG_SMI = """#!/bin/sh
+exec sleep 60
 """
 BROKEN_SMI = """#!/bin/sh
 echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
@@ -105,6 +117,62 @@ def test_failing_nvidia_smi(tmp_path: Path, services: dict[str, str]) -> None:
     done = run(bin_dir(tmp_path / "bin", BROKEN_SMI), services, "--once")
     assert done.returncode == 0, done.stderr
     assert "no GPUs: nvidia-smi failed: NVIDIA-SMI has failed because it couldn't" in done.stdout
+
+
+def test_a_hung_nvidia_smi_is_cut_short(tmp_path: Path, services: dict[str, str]) -> None:
+    started = time.monotonic()
+    env = {**services, "VA_MONITOR_SMI_TIMEOUT": "1"}
+    done = run(bin_dir(tmp_path / "bin", HUNG_SMI), env, "--once")
+    assert done.returncode == 0, done.stderr
+    assert "no GPUs: nvidia-smi did not answer within 1 s" in done.stdout
+    assert any(line.startswith("asr") and " UP " in line for line in done.stdout.splitlines())
+    assert time.monotonic() - started < 20
+
+
+@pytest.fixture(scope="module")
+def protected(redis_server: RedisProc) -> Iterator[tuple[str, str]]:
+    """An ASR service whose ops routes need a credential (VA_AUTH__PROTECT_OPS): its URL
+    and an API key."""
+    redis = redis_server.settings()
+    auth = AuthSettings(required=True, token_secret=SecretStr("s" * 40), protect_ops=True)
+
+    async def new_key() -> str:
+        client = connect(redis)
+        try:
+            return (await KeyStore(client, redis.prefix).create("ops", "monitor", Limits()))[1]
+        finally:
+            await client.aclose()
+
+    key = asyncio.run(new_key())
+    with ServerThread(asr_app(AsrSettings(profile="fake", redis=redis, auth=auth))) as asr:
+        yield asr.http, key
+
+
+@pytest.mark.parametrize(
+    ("credential", "words"),
+    [
+        (
+            None,
+            "UP   healthy; details need a credential (VA_AUTH__PROTECT_OPS): VA_API_KEY is not set",
+        ),
+        (
+            "va_wrong",
+            "details need a credential (VA_AUTH__PROTECT_OPS): VA_API_KEY was not accepted",
+        ),
+        ("the key", "engine=fake device=cpu ready"),
+    ],
+)
+def test_protected_health_and_a_bearer_token(
+    tmp_path: Path, protected: tuple[str, str], credential: str | None, words: str
+) -> None:
+    url, key = protected
+    env = {"VA_MONITOR_ASR_URL": url, "VA_MONITOR_TTS_URL": url, "VA_MONITOR_GATEWAY_URL": url}
+    if credential is not None:
+        env["VA_API_KEY"] = key if credential == "the key" else credential
+    done = run(bin_dir(tmp_path / "bin", None), env, "--once")
+    assert done.returncode == 0, done.stderr
+    asr = next(line for line in done.stdout.splitlines() if line.startswith("asr"))
+    assert words in asr and "NOT-READY" not in asr, asr
 
 
 def test_refreshes_until_interrupted(tmp_path: Path, services: dict[str, str]) -> None:

@@ -128,6 +128,10 @@ def test_target_and_env_file(rendered: Path) -> None:
     lines = env.read_text().splitlines()
     assert "VA_GATEWAY__SERVER__DRAIN_TIMEOUT_S=30" in lines
     assert "VA_ASR__WHISPER__MODELS_DIR=/srv/va/models" in lines
+    assert "VA_GATEWAY__MODELS_DIR=/srv/va/models" in lines  # Smart Turn (install_gpu.sh)
+    # ProtectSystem=strict: only the state folder is writable, uploaded voices included
+    assert "VA_TTS__VOICES__DIR=/srv/va/voices" in lines
+    assert (rendered / "srv/va/voices").is_dir()
     per_unit = ("CUDA_VISIBLE_DEVICES", "VA_GATEWAY__GATEWAY_ID")  # the units set these
     assert not any(line.startswith(per_unit) for line in lines)
 
@@ -139,6 +143,56 @@ def test_existing_env_file_is_kept(tmp_path: Path) -> None:
     done = install("--prefix", str(tmp_path), "--tts-venv", str(VENV))
     assert done.returncode == 0, done.stderr
     assert env.read_text() == "VA_PROFILE=lite\n" and "keeping existing" in done.stdout
+
+
+def stop_timeouts(prefix: Path) -> set[str]:
+    return {
+        value
+        for name in UNITS
+        for value in parse_unit(units_dir(prefix) / name)["Service"]["TimeoutStopSec"]
+    }
+
+
+def test_a_rerun_keeps_the_drain_budget_of_the_env_file(tmp_path: Path) -> None:
+    """The services drain for what the env file says: a re-run without --drain-timeout
+    must not shrink TimeoutStopSec back to the default's (systemd would kill them mid-drain);
+    a re-run with it changes both."""
+    first = install("--prefix", str(tmp_path), "--tts-venv", str(VENV), "--drain-timeout", "60")
+    assert first.returncode == 0, first.stderr
+    env = tmp_path / "etc/voice-agent/voice-agent.env"
+    assert stop_timeouts(tmp_path) == {str(3 * 60 + 15)}
+
+    again = install("--prefix", str(tmp_path), "--tts-venv", str(VENV))
+    assert again.returncode == 0, again.stderr
+    assert stop_timeouts(tmp_path) == {str(3 * 60 + 15)}
+    assert "VA_GATEWAY__SERVER__DRAIN_TIMEOUT_S=60" in env.read_text().splitlines()
+
+    env.write_text(env.read_text().replace("VA_ASR__SERVER__DRAIN_TIMEOUT_S=60", ""))
+    env.chmod(0o600)
+    changed = install("--prefix", str(tmp_path), "--tts-venv", str(VENV), "--drain-timeout", "45")
+    assert changed.returncode == 0, changed.stderr
+    assert stop_timeouts(tmp_path) == {str(3 * 45 + 15)}
+    lines = env.read_text().splitlines()
+    for service in ("ASR", "TTS", "GATEWAY"):  # the missing one added
+        assert [line for line in lines if f"{service}__SERVER__DRAIN_TIMEOUT_S" in line] == [
+            f"VA_{service}__SERVER__DRAIN_TIMEOUT_S=45"
+        ]
+    assert env.stat().st_mode & 0o777 == 0o600  # the site's file keeps its mode
+
+
+def test_the_drain_budget_read_from_an_env_file_rounds_up(tmp_path: Path) -> None:
+    env = tmp_path / "etc/voice-agent/voice-agent.env"
+    env.parent.mkdir(parents=True)
+    env.write_text(
+        "VA_GATEWAY__SERVER__DRAIN_TIMEOUT_S=30\n"
+        'VA_TTS__SERVER__DRAIN_TIMEOUT_S="40.5"\n'
+        "#VA_ASR__SERVER__DRAIN_TIMEOUT_S=900\n"
+    )
+    done = install("--prefix", str(tmp_path), "--tts-venv", str(VENV))
+    assert done.returncode == 0, done.stderr
+    assert stop_timeouts(tmp_path) == {str(3 * 41 + 15)}
+    assert "drain budget: 41 s" in done.stdout
+    assert "VA_TTS__VOICES__DIR" in done.stderr  # an older env file: what to add
 
 
 def test_dry_run_changes_nothing(tmp_path: Path) -> None:

@@ -1,14 +1,20 @@
-"""Voice-clip validation: measured levels and the reasons a clip is refused."""
+"""Voice-clip validation: measured levels and the reasons a clip is refused; a clips folder
+that cannot be written."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
+from fastapi.testclient import TestClient
 
 from services.common.audio.pcm import encode_audio
 from services.common.errors import InvalidAudio
-from services.tts.settings import VoiceLibrarySettings
+from services.tts.app import create_app
+from services.tts.settings import TtsSection, TtsSettings, VoiceLibrarySettings
 from services.tts.voices import analyze, decode_clip, is_library_id
+from tests.conftest import RedisProc
 
 RATE = 24000
 
@@ -76,3 +82,23 @@ def test_library_ids() -> None:
     assert is_library_id("v_0123456789abcdef")
     for other in (None, "default", "en-us+klatt2", "v_0123", "v_0123456789ABCDEF", "../v_x"):
         assert not is_library_id(other)
+
+
+def test_an_unwritable_voices_dir_is_a_typed_503_naming_the_setting(
+    redis_server: RedisProc, tmp_path: Path
+) -> None:
+    """A read-only install (systemd's ProtectSystem=strict, compose's read_only) cannot keep
+    clips: the upload says which setting to change, and leaves no voice behind."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    section = TtsSection(voices=VoiceLibrarySettings(dir=blocker / "voices"))
+    settings = TtsSettings(profile="fake", redis=redis_server.settings(), tts=section)
+    with TestClient(create_app(settings)) as client:
+        files = {"file": ("me.wav", wav(voice_like(5.0)), "audio/wav")}
+        refused = client.post("/v1/voices", files=files, data={"name": "me"})
+        assert refused.status_code == 503, refused.text
+        message = refused.json()["error"]["message"]
+        assert "VA_TTS__VOICES__DIR" in message and str(blocker / "voices") in message
+        assert "internal error" not in message
+        listed = client.get("/v1/voices").json()["voices"]
+        assert [v for v in listed if v["source"] == "library"] == []

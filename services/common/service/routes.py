@@ -205,27 +205,32 @@ def install_ops(app: FastAPI, state: ServiceState) -> None:
         body, content_type = metrics.render()
         return Response(body, media_type=content_type)
 
-    def reply(exc: VoiceAgentError, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    def reply(
+        request: Request, exc: VoiceAgentError, headers: Mapping[str, str] | None = None
+    ) -> JSONResponse:
         metrics.ERRORS.labels(state.service, exc.code).inc()
+        route = metrics.REST_ROUTES.get((state.service, request.scope.get("path", "")))
+        if route is not None:  # a counted request's error outcome (its ok: where it is served)
+            metrics.REQUESTS.labels(state.service, route, "error").inc()
         return JSONResponse(exc.body(), exc.http_status, headers=headers)
 
     @app.exception_handler(VoiceAgentError)
-    async def domain_error(_: Request, exc: VoiceAgentError) -> JSONResponse:
-        return reply(exc, retry_headers(exc))
+    async def domain_error(request: Request, exc: VoiceAgentError) -> JSONResponse:
+        return reply(request, exc, retry_headers(exc))
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         where, what = _first_problem(exc.errors())
-        return reply(InvalidMessage(f"{where}: {what}" if where else what))
+        return reply(request, InvalidMessage(f"{where}: {what}" if where else what))
 
     @app.exception_handler(HTTPException)
-    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
-        return reply(http_exception_error(exc), exc.headers)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        return reply(request, http_exception_error(exc), exc.headers)
 
     @app.exception_handler(Exception)
-    async def unexpected_error(_: Request, exc: Exception) -> JSONResponse:
+    async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
         # The server still logs the traceback; the client gets the JSON shape, no details.
-        return reply(InternalError.of(exc))
+        return reply(request, InternalError.of(exc))
 
     @app.exception_handler(WebSocketRequestValidationError)
     async def ws_validation_error(ws: WebSocket, exc: WebSocketRequestValidationError) -> None:
