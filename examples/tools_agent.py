@@ -35,7 +35,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 from services.gateway.agent import AgentContext, Turn
 from services.gateway.llm import LlmEndpoint, OpenAiAgent
 from services.gateway.settings import GatewaySettings
-from services.gateway.tools import tool
+from services.gateway.tools import ToolError, tool
 
 Unit = Literal["km", "mi", "m", "ft", "kg", "lb", "l", "gal", "c", "f"]
 TO_BASE: dict[str, tuple[str, float]] = {
@@ -62,7 +62,7 @@ def current_time(
     try:
         now = datetime.now(ZoneInfo(timezone))
     except (ZoneInfoNotFoundError, ValueError) as exc:
-        raise ValueError(f"unknown time zone {timezone!r}") from exc
+        raise ToolError(f"unknown time zone {timezone!r}") from exc
     return now.strftime("%A %d %B %Y, %H:%M")
 
 
@@ -79,7 +79,7 @@ def convert_units(
     else:
         (base, factor), (target, divisor) = TO_BASE[from_unit], TO_BASE[to_unit]
         if base != target:
-            raise ValueError(f"cannot convert {from_unit} to {to_unit}")
+            raise ToolError(f"cannot convert {from_unit} to {to_unit}")
         result = value * factor / divisor
     return f"{value:g} {from_unit} is {result:.4g} {to_unit}"
 

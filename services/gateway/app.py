@@ -28,7 +28,7 @@ from services.common.protocol.events import SessionConfig, SessionCreated
 from services.common.service.lifecycle import Background
 from services.common.service.routes import ServiceState, install_ops
 from services.common.service.ws import Channel, Disconnected
-from services.gateway import metrics
+from services.gateway import metrics, tools
 from services.gateway.admission import Admission
 from services.gateway.agent import AGENTS, Agent, AgentContext, Turn, can_prepare, load_agents
 from services.gateway.bus import GatewayBus
@@ -308,6 +308,7 @@ def create_app(
         state.connection_opened()
         metrics.SESSIONS.inc()
         saved = asyncio.Event()
+        tools.SESSION.set(config.id)  # its tasks inherit it: one share of the tool threads
         try:
             async with asyncio.TaskGroup() as tasks:
                 session = await new_session(ws, config, channel, listener, tasks, history)

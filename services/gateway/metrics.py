@@ -115,8 +115,14 @@ PREPARED_TTS_SECONDS = Counter(
 )
 TOOL_CALLS = Counter(
     "va_gateway_tool_calls_total",
-    "Server-side tool calls by outcome: ok, error (it raised), timeout, bad_arguments, unknown.",
+    "Server-side tool calls by outcome: ok, error (it raised), timeout, bad_arguments, unknown, "
+    "busy (no tool thread free, or the session's share taken: not run).",
     ["outcome"],
+)
+TOOL_CALLS_ABANDONED = Counter(
+    "va_gateway_tool_calls_abandoned_total",
+    "Plain (sync) tool calls given up on (timed out, or their reply cancelled) while their "
+    "thread still ran: each holds a tool thread until the function returns.",
 )
 TOOL_SECONDS = Histogram(
     "va_gateway_tool_seconds",

@@ -12,6 +12,7 @@ import pytest
 from pydantic import Field
 
 from benchmarks.llm_server import LlmServer, Script, ToolRule
+from services.common.errors import AgentFailed
 from services.common.protocol.events import ToolSpec
 from services.gateway.agent import (
     AgentContext,
@@ -25,9 +26,9 @@ from services.gateway.agent import (
     closing,
     load_agents,
 )
-from services.gateway.chat import chat_messages
+from services.gateway.chat import chat_messages, size
 from services.gateway.llm import LlmEndpoint, LlmSettings, OpenAiAgent
-from services.gateway.tools import Tool, run_call, tool
+from services.gateway.tools import Tool, ToolError, run_call, tool
 from tests.servers import ServerThread
 
 WEATHER = ToolRule("weather", "get_weather", {"city": "Paris", "unit": "celsius"}, "Let me look.")
@@ -81,7 +82,12 @@ async def test_a_call_that_goes_wrong_is_an_error_result_never_an_exception() ->
         """Raises."""
         raise RuntimeError("disk on fire")
 
-    tools = {t.name: t for t in (get_weather, slow, broken)}
+    @tool
+    async def refuses(order: str) -> str:
+        """Tells the model something on purpose."""
+        raise ToolError(f"there is no order {order}")
+
+    tools = {t.name: t for t in (get_weather, slow, broken, refuses)}
 
     async def output(name: str, arguments: str) -> str:
         return await run_call(tools, ToolCall("c1", name, arguments), 5.0)
@@ -95,7 +101,10 @@ async def test_a_call_that_goes_wrong_is_an_error_result_never_an_exception() ->
     assert invalid["error"].startswith("invalid arguments: unit:")
     assert "there is no tool 'nope'" in await output("nope", "{}")
     assert "did not answer within 0.05 s" in await output("slow", "{}")
-    assert "disk on fire" in await output("broken", "{}")
+    assert json.loads(await output("broken", "{}")) == {"error": "the tool failed (RuntimeError)"}
+    assert json.loads(await output("refuses", '{"order": "A7"}')) == {
+        "error": "there is no order A7"  # a ToolError's words reach the model
+    }
 
 
 def test_prepare_safe_is_false_when_a_tool_has_side_effects() -> None:
@@ -176,7 +185,83 @@ async def test_a_failing_tool_gives_the_model_an_error_and_the_reply_goes_on(
         await llm_endpoint.aclose()
     said = "".join(i for i in items if isinstance(i, str))
     assert said.startswith("Let me look.Here it is: ")
-    assert "weather service down" in said
+    assert "ConnectionError" in said and "weather service down" not in said
+
+
+async def test_a_huge_tool_output_does_not_poison_the_later_requests(
+    llm: tuple[LlmServer, ServerThread],
+) -> None:
+    """48 000 characters of tool output: the model gets the first `max_tool_output_chars`
+    (and reads that the rest is cut), the history keeps the same, and later requests leave
+    the exchange out once it no longer fits `max_context_chars` (else every one of them
+    would fail with the server's context-length error until it fell out of the window)."""
+
+    @tool(name="get_weather")
+    def weather_dump(city: str, unit: str) -> str:
+        """A whole weather database."""
+        return "lorem ipsum " * 4000
+
+    server, thread = llm
+    llm_endpoint = endpoint(thread, max_tool_output_chars=2_000, max_context_chars=2_000)
+    agent = OpenAiAgent(llm_endpoint, tools=[weather_dump])
+    try:
+        items = [i async for i in agent.respond([Turn("user", "weather in Paris?")])]
+    finally:
+        await llm_endpoint.aclose()
+    answered = next(i for i in items if isinstance(i, ToolsAnswered))
+    output = answered.outputs[0]
+    assert output.startswith("lorem ipsum") and output.endswith("46000 more characters not shown]")
+    assert server.requests[-1].body["messages"][-1]["content"] == output
+    history = [Turn("user", "weather in Paris?"), *answered.turns(), Turn("agent", "Sunny.")]
+    history += [Turn("user", "and tomorrow?")]
+    later = agent.messages(history)
+    assert [m["role"] for m in later] == ["system", "assistant", "user"]
+    assert sum(size(m) for m in later) <= 2_000
+
+
+class AlwaysCalls(Script):
+    """A server that ignores `tool_choice: none` (as several local servers do): it calls the
+    tool in every round."""
+
+    def plan(self, body: dict[str, object]) -> tuple[str, ToolRule | None]:
+        return self.rules[0].preamble, self.rules[0]
+
+
+@pytest.mark.parametrize("preamble", ["", "One moment."])
+async def test_calls_in_the_last_round_are_not_run(preamble: str) -> None:
+    """The last round may not call tools: a call made anyway is not run (a side effect
+    would happen once more, and nothing would answer it); a reply left without words to
+    end on fails (agent_failed), one with words ends on them."""
+    runs: list[int] = []
+
+    @tool(side_effects=True)
+    def book_table(people: int) -> str:
+        """Book a table."""
+        runs.append(people)
+        return "booked"
+
+    rule = ToolRule("book", "book_table", {"people": 2}, preamble)
+    server = LlmServer(AlwaysCalls(rules=(rule,)))
+    with ServerThread(server.app) as thread:
+        llm_endpoint = endpoint(thread, model="m", max_tool_rounds=2)
+        agent = OpenAiAgent(llm_endpoint, tools=[book_table])
+        items: list[object] = []
+        try:
+            if preamble:
+                items = [i async for i in agent.respond([Turn("user", "book a table")])]
+            else:
+                with pytest.raises(AgentFailed, match="still called tools"):
+                    async for item in agent.respond([Turn("user", "book a table")]):
+                        items.append(item)
+        finally:
+            await llm_endpoint.aclose()
+    assert runs == [2]  # the first round's call only
+    assert [r.body["tool_choice"] for r in server.requests] == ["auto", "none"]
+    assert [type(i).__name__ for i in items if not isinstance(i, str)] == [
+        "ToolsCalled",
+        "ToolsAnswered",
+    ]
+    assert "".join(i for i in items if isinstance(i, str)) == preamble * 2
 
 
 async def test_barge_in_during_a_tool_call_cancels_the_tool(

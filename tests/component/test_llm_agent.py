@@ -4,19 +4,23 @@ benchmarks/llm_server.py, which streams as OpenAI does and records what it saw."
 from __future__ import annotations
 
 import asyncio
+import base64
+import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
 
 from benchmarks.llm_server import LlmServer, Script
 from services.client.stream import StreamClient
 from services.common.errors import AgentFailed
 from services.common.protocol.events import SessionConfig
 from services.gateway.agent import Turn, closing
-from services.gateway.app import create_app
-from services.gateway.llm import LlmEndpoint, LlmSettings, OpenAiAgent
+from services.gateway.app import AgentChoice, create_app
+from services.gateway.llm import LlmEndpoint, LlmRateLimited, LlmSettings, OpenAiAgent
 from services.gateway.reply import Reply, ReplyContext
 from services.gateway.settings import GatewaySection, GatewaySettings
 from tests.conftest import Stack
@@ -136,6 +140,93 @@ async def test_the_probe_finds_the_served_model(llm: tuple[LlmServer, ServerThre
         bounded = LlmEndpoint(LlmSettings(base_url=f"{thread.http}/{mode}/v1", probe_timeout_s=0.3))
         assert reason in (await bounded.probe() or "")
         await bounded.aclose()
+
+
+async def test_credentials_in_the_url_reach_neither_notices_nor_logs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`VA_LLM__BASE_URL=http://user:password@host/v1` (basic auth in front of llama.cpp):
+    the server gets the credentials; `session.created`'s notice, `GET /v1/agents` and the
+    log (the HTTP client's request lines included) show the URL without them."""
+    server = LlmServer(Script(reply=REPLY))
+    authorizations: list[str | None] = []
+
+    async def record(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        authorizations.append(request.headers.get("authorization"))
+        return await call_next(request)
+
+    server.app.middleware("http")(record)
+    caplog.set_level(logging.DEBUG)
+    agents = {"echo": object(), "openai": object()}
+    with ServerThread(server.app) as thread:
+        url = f"http://svc:S3cret%40pw@127.0.0.1:{thread.port}/v1"
+        endpoint = LlmEndpoint(LlmSettings(base_url=url, model="m", api_key="sk-key"))
+        assert endpoint.url == f"http://127.0.0.1:{thread.port}/v1"
+        choice = AgentChoice("echo")
+        await choice.settle(None, endpoint, agents)
+        assert choice.agent == "openai"
+        deltas = [d async for d in OpenAiAgent(endpoint).respond([Turn("user", "hi")])]
+        await endpoint.aclose()
+    assert "".join(str(d) for d in deltas) == REPLY
+    basic = "Basic " + base64.b64encode(b"svc:S3cret@pw").decode()
+    assert authorizations == [basic, basic]  # the probe and the chat request
+
+    down = LlmEndpoint(
+        LlmSettings(base_url="http://svc:S3cret@127.0.0.1:9/v1?token=Q7", probe_timeout_s=1)
+    )
+    assert down.url == "http://127.0.0.1:9/v1"
+    choice = AgentChoice("echo")
+    await choice.settle(None, down, agents)
+    await down.aclose()
+    assert choice.agent == "echo" and "http://127.0.0.1:9/v1 did not answer" in (
+        choice.notice or ""
+    )
+    assert "HTTP Request: POST" in caplog.text  # the HTTP client's lines were captured
+    for secret in ("S3cret", "Q7"):
+        assert secret not in (choice.notice or "") and secret not in caplog.text
+
+
+def rate_limiting(retry_after: str) -> tuple[FastAPI, list[float]]:
+    """A server that answers every chat request 429 with this Retry-After; when each came."""
+    app = FastAPI()
+    seen: list[float] = []
+
+    @app.post("/v1/chat/completions")
+    async def chat() -> JSONResponse:
+        seen.append(time.monotonic())
+        error = {"message": "Rate limit reached", "type": "requests", "code": "rate_limit"}
+        return JSONResponse({"error": error}, 429, headers={"retry-after": retry_after})
+
+    return app, seen
+
+
+async def test_a_429_that_asks_for_longer_than_the_reply_can_wait_says_so_at_once() -> None:
+    """Retry-After: 30 against a 3 s first-token deadline: no retry (the SDK would sleep
+    the 30 s, and the client would hear `no first token within 3 s`); the error says
+    what the server said."""
+    app, seen = rate_limiting("30")
+    with ServerThread(app) as thread:
+        bounded = LlmSettings(
+            base_url=f"{thread.http}/v1", model="m", first_token_timeout_s=3, max_retries=1
+        )
+        started = time.monotonic()
+        with pytest.raises(LlmRateLimited, match=r"rate limiting requests \(429: Rate limit"):
+            await collect(bounded, [Turn("user", "hi")])
+    assert time.monotonic() - started < 1.5 and len(seen) == 1
+
+
+async def test_a_429_with_a_short_retry_after_is_retried_after_that_wait() -> None:
+    app, seen = rate_limiting("0.3")
+    with ServerThread(app) as thread:
+        bounded = LlmSettings(
+            base_url=f"{thread.http}/v1", model="m", first_token_timeout_s=3, max_retries=1
+        )
+        with pytest.raises(LlmRateLimited) as raised:
+            await collect(bounded, [Turn("user", "hi")])
+    assert len(seen) == 2 and seen[1] - seen[0] >= 0.3
+    assert raised.value.code == "agent_failed" and raised.value.retry_after_s == 0.3
 
 
 def test_openai_environment_is_honoured_when_va_settings_are_unset(
