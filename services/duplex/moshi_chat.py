@@ -3,7 +3,8 @@ are (docs/duplex.md).
 
 Every message is one kind byte and a payload: the server sends 0x00 (handshake) once the
 session holds a slot; 0x01 carries Ogg/Opus audio (24 kHz mono) both ways; 0x02 the
-agent's text as UTF-8; 0x05 an error. Other kinds are ignored, as the protocol says.
+agent's text as UTF-8; 0x05 an error (bytes that are not Ogg/Opus: close 1007). Other kinds
+are ignored, as the protocol says.
 Opus is encoded and decoded with `sphn`, as moshi's reference server does, off the
 event loop. Per-session sampling parameters in the query (`text_temperature`, ...) are
 accepted and ignored: one batch shares the service's settings.
@@ -22,11 +23,16 @@ from fastapi import WebSocket
 from services.common import metrics as common_metrics
 from services.common.auth.guard import meter_of
 from services.common.auth.limits import AudioMeter
-from services.common.errors import CapacityError, EngineUnavailable, VoiceAgentError
+from services.common.errors import (
+    CapacityError,
+    EngineUnavailable,
+    InvalidAudio,
+    VoiceAgentError,
+)
 from services.common.service.routes import ServiceState
-from services.common.service.ws import Channel, Disconnected
+from services.common.service.ws import Channel, Disconnected, ReadAhead
 from services.duplex.framing import FrameAssembler
-from services.duplex.session import DuplexSession, held_slot
+from services.duplex.session import READ_AHEAD_BYTES, DuplexSession, held_slot, read_ahead
 from services.duplex.stepper import Stepper
 
 log = logging.getLogger(__name__)
@@ -47,20 +53,30 @@ def _sphn() -> Any:
         ) from exc
 
 
+class NotOpus(InvalidAudio):
+    """Audio bytes sphn cannot read as Ogg/Opus: the stream cannot go on (close 1007)."""
+
+    close_code = 1007
+    fatal = True
+
+
 async def _read(
-    channel: Channel,
+    received: ReadAhead,
     session: DuplexSession,
     opus: Any,
     frames: FrameAssembler,
     meter: AudioMeter,
     rate: int,
 ) -> None:
+    """Handle the client's messages, as `read_ahead` gets them, until it leaves."""
     while True:
-        frame = await channel.receive()
-        data = frame.data
+        data = (await received.get()).data
         if not data or data[0] != AUDIO:
             continue  # text frames, empty messages and other kinds: discarded (the protocol)
-        pcm = await asyncio.to_thread(opus.append_bytes, data[1:])
+        try:
+            pcm = await asyncio.to_thread(opus.append_bytes, data[1:])
+        except ValueError as exc:  # sphn's word for a page it cannot parse
+            raise NotOpus(f"audio (kind 0x01) must be Ogg/Opus pages: {exc}") from None
         if pcm.size:
             await meter.add_pcm16(2 * int(pcm.size), rate)
             await session.hear(frames.push(np.asarray(pcm, np.float32)))
@@ -98,10 +114,12 @@ async def serve_moshi_chat(
             reader, writer = sphn.OpusStreamReader(rate), sphn.OpusStreamWriter(rate)
             frames = FrameAssembler(stepper.engine.frame_samples)
             await channel.send_audio(HANDSHAKE)
+            received = ReadAhead(READ_AHEAD_BYTES)
             try:
                 async with asyncio.TaskGroup() as tasks:
+                    tasks.create_task(read_ahead(channel, received, session), name="moshi-in")
                     tasks.create_task(_write(channel, session, writer), name="moshi-out")
-                    await _read(channel, session, reader, frames, meter_of(ws), rate)
+                    await _read(received, session, reader, frames, meter_of(ws), rate)
             except* Disconnected:
                 pass
             except* VoiceAgentError as group:

@@ -24,9 +24,9 @@ from services.common.auth.limits import AudioMeter
 from services.common.errors import CapacityError, UnsupportedSampleRate, VoiceAgentError
 from services.common.protocol.duplex import DuplexReady, TextDelta, parse_client
 from services.common.service.routes import ServiceState
-from services.common.service.ws import Channel, Disconnected
+from services.common.service.ws import Channel, Disconnected, ReadAhead
 from services.duplex.framing import ClientAudio
-from services.duplex.session import DuplexSession, held_slot
+from services.duplex.session import READ_AHEAD_BYTES, DuplexSession, held_slot, read_ahead
 from services.duplex.stepper import Stepper
 
 FRAME_MS = 80
@@ -37,10 +37,17 @@ class ClientClosed(Exception):
 
 
 async def _read(
-    channel: Channel, session: DuplexSession, audio: ClientAudio, meter: AudioMeter, rate: int
+    channel: Channel,
+    frames: ReadAhead,
+    session: DuplexSession,
+    audio: ClientAudio,
+    meter: AudioMeter,
+    rate: int,
 ) -> None:
+    """Handle the client's frames, as `read_ahead` gets them, until it closes (ClientClosed)
+    or leaves (Disconnected)."""
     while True:
-        frame = await channel.receive()
+        frame = await frames.get()
         try:
             if frame.data is not None:
                 await meter.add_pcm16(len(frame.data), rate)
@@ -97,10 +104,12 @@ async def serve_pcm_stream(
             await channel.send(ready)
             audio = ClientAudio(input_rate, engine.sample_rate, engine.frame_samples)
             out = PolyphaseResampler(engine.sample_rate, output_rate)
+            frames = ReadAhead(READ_AHEAD_BYTES)
             try:
                 async with asyncio.TaskGroup() as tasks:
+                    tasks.create_task(read_ahead(channel, frames, session), name="duplex-in")
                     tasks.create_task(_write(channel, session, out), name="duplex-out")
-                    await _read(channel, session, audio, meter_of(ws), input_rate)
+                    await _read(channel, frames, session, audio, meter_of(ws), input_rate)
             except* (Disconnected, ClientClosed):
                 pass
             except* VoiceAgentError as group:

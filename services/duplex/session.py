@@ -1,17 +1,24 @@
-"""What both WebSocket protocols share: holding a slot for a session's life, feeding it
-frames, taking what the model said."""
+"""What both WebSocket protocols share: holding a slot for a session's life, reading the
+client's socket ahead of the model, feeding it frames, taking what the model said."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Final
 
 from services.common.errors import VoiceAgentError
 from services.common.service.routes import ServiceState
+from services.common.service.ws import Channel, ReadAhead
 from services.duplex import metrics
 from services.duplex.engines.base import AudioF32, SlotOutput
 from services.duplex.stepper import DuplexSlot, Stepper
+
+READ_AHEAD_BYTES: Final = 2 << 20
+"""A client's frames read ahead of the model: ~40 s of 24 kHz PCM16, so its close is read
+(and its slot freed) at once while the model is behind and its input full, for a client
+sending in real time. One that sends faster is held back there, as TCP would hold it."""
 
 
 class EngineFailed(VoiceAgentError):
@@ -34,6 +41,10 @@ class DuplexSession:
     @property
     def id(self) -> str:
         return self.slot.session_id
+
+    def leave(self) -> None:
+        """Free the slot now (the client left): frames waiting for room are dropped."""
+        self.stepper.leave(self.slot)
 
     async def hear(self, frames: list[AudioF32]) -> None:
         """Queue whole model frames (waits while the session's input is full)."""
@@ -62,3 +73,13 @@ async def held_slot(
     finally:
         stepper.leave(slot)
         state.connection_closed()
+
+
+async def read_ahead(channel: Channel, frames: ReadAhead, session: DuplexSession) -> None:
+    """Read the client's socket into `frames` (a task beside the handling): its close is
+    read and answered at once, whatever the handling waits for (room in the model's input,
+    Redis), and the slot is freed then; the handling ends at its next `frames.get()`."""
+    try:
+        await frames.read(channel)
+    finally:
+        session.leave()

@@ -110,8 +110,10 @@ class Stepper:
         return slot
 
     def leave(self, slot: DuplexSlot) -> None:
-        """Free the slot now; a step in flight drops what it made for it."""
+        """Free the slot now; a step in flight drops what it made for it, and a frame still
+        waiting for room (`push`) is dropped at once."""
         slot.closed = True
+        slot.space.set()
         if self._live.get(slot.index) is slot:
             del self._live[slot.index]
         self._last_batch.discard(slot)

@@ -346,9 +346,9 @@ def create_app(
         """A reconnect with the id of a session still open here (its client's network
         changed before this side saw the old socket die): the old connection is closed and
         its session saved, then loaded for the new one. None (a new session) when it does
-        not end in time, or is a duplex session (those are not taken over)."""
+        not end in time."""
         old, ended = sessions.get(session_id), session_ended.get(session_id)
-        if not isinstance(old, Session) or ended is None:
+        if old is None or ended is None:
             return None
         log.info("session %s resumed on another connection: the old one is closed", session_id)
         await old.take_over()

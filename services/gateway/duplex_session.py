@@ -50,12 +50,13 @@ from services.common.protocol.events import (
     SpeechStarted,
     SpeechStopped,
 )
-from services.common.service.ws import Disconnected
+from services.common.service.ws import Disconnected, ReadAhead
 from services.gateway import metrics
 from services.gateway.agent import Turn, keep_recent
 from services.gateway.codec import AudioIn, AudioPlayed, ClientInput, SessionChannel, UserItem
 from services.gateway.duplex_link import DuplexLink
 from services.gateway.hearing import new_id, turn_settings
+from services.gateway.session import READ_AHEAD_BYTES
 from services.gateway.settings import GatewaySection
 from services.gateway.store import SessionStore
 
@@ -108,18 +109,46 @@ class DuplexSession:
         self._to_client = PolyphaseResampler(ready.output_sample_rate, config.output_sample_rate)
         if config.turn_detection is not None:  # a resumed session's own
             listener.set_turns(*turn_settings(listener.settings, config.turn_detection))
+        self._frames = ReadAhead(READ_AHEAD_BYTES)
+        """The client's frames, read ahead of their handling (serve)."""
 
     # ------------------------------------------------------------------ the session
 
     async def serve(self) -> None:
         """Carry audio both ways until the client leaves or closes the session, or the
-        duplex service ends it (its error is raised)."""
+        duplex service ends it (its error is raised). A task of its own reads the socket
+        ahead of the handling (ReadAhead), as the cascade's sessions do: the client's close
+        is read and answered at once, even while an input waits on Redis or on the duplex
+        service; the handling ends at the next frame it asks for (Disconnected)."""
         await self.channel.send(ResponseCreated(response_id=self.response_id))
         name = self.config.id
+        reader = self.tasks.create_task(
+            self._frames.read(self.channel.io), name=f"{name}-duplex-reader"
+        )
         helpers = [  # in the connection's task group: a failure there ends the session
             self.tasks.create_task(self._from_model(), name=f"{name}-duplex-out"),
             self.tasks.create_task(self._save_now_and_then(), name=f"{name}-duplex-save"),
+            self.tasks.create_task(
+                self.link.watch(self.settings.duplex_stall_timeout_s), name=f"{name}-duplex-watch"
+            ),
         ]
+        try:
+            await self._serve_inputs(helpers)
+            await self.channel.close(1000, "session closed")
+        finally:
+            reader.cancel()  # last: a close that comes while the session ends is answered
+
+    async def take_over(self) -> None:
+        """Another connection resumes this session (its client reconnected before this
+        socket was found dead, or through another gateway, which then owns its record):
+        this one is told and closed, and its handling ends as if its client had left (its
+        duplex slot is freed and the session saved, for the new connection to load)."""
+        await self.channel.close(1000, "resumed on another connection")
+        await self._frames.end()
+
+    async def _serve_inputs(self, helpers: list[asyncio.Task[None]]) -> None:
+        """The client's inputs until it closes the session or leaves; then the end: the
+        duplex slot freed, the history saved, the client told (if it is still there)."""
         status: Status = "failed"
         try:
             await self._from_client()
@@ -134,7 +163,6 @@ class DuplexSession:
             self._end_agent_turn()
             await self._save()  # before the client hears the end: it may resume at once
             await self._end_response(status)
-        await self.channel.close(1000, "session closed")
 
     def busy(self) -> bool:
         """Whether closing the session now would cut the user off (the gateway's VAD has an
@@ -149,9 +177,10 @@ class DuplexSession:
     # ------------------------------------------------------------------ client → model
 
     async def _from_client(self) -> None:
-        """Read the client's inputs until it closes the session (returns) or leaves."""
+        """Handle the client's inputs, as the reader gets them, until it closes the session
+        (returns) or leaves (Disconnected)."""
         while True:
-            for item in await self.channel.receive():
+            for item in await self.channel.decode(await self._frames.get()):
                 try:
                     await self._on_input(item)
                 except SessionClosed:
@@ -159,7 +188,7 @@ class DuplexSession:
                 except VoiceAgentError as exc:
                     if exc.fatal:
                         raise
-                    await self.channel.send_error(exc)
+                    await self.channel.send_error(exc, answering=True)
 
     async def _on_input(self, item: ClientInput) -> None:
         match item:
@@ -306,7 +335,8 @@ class DuplexSession:
         if text:
             history.append(Turn("agent", text))
         keep_recent(history, self.settings.history_max_turns)
-        await self.store.save(self.config, history, self.tenant)
+        if not await self.store.save(self.config, history, self.tenant):
+            await self.take_over()  # its client resumed it on another gateway
 
 
 async def open_duplex_session(

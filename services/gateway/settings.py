@@ -55,6 +55,9 @@ class GatewaySection(BaseModel):
     """A duplex service that has not admitted a session after this long is unavailable."""
     duplex_history_interval_s: float = Field(default=5.0, ge=0.5, le=3600)
     """A duplex session's agent text so far is saved this often (for resume)."""
+    duplex_stall_timeout_s: float = Field(default=2.0, ge=0.2, le=300)
+    """A duplex service that has answered nothing for this long while the session's audio
+    went to it (it answers every 80 ms) is frozen: the session ends (`duplex_unavailable`)."""
     max_sessions: int = Field(default=200, ge=1, le=100_000)
     """Sessions this process admits at most, a phone call waiting for its stream's start
     included (`/health` `admitted`); more are refused with close 1013 and a retry hint (the

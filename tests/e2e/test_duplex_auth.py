@@ -68,6 +68,10 @@ async def test_a_tenant_with_one_session_gets_it_and_its_audio_counts_once(
         pcm = float_to_pcm16(np.full(16000 * seconds, 0.05, np.float32))
         await stream(client.ws, pcm, 16000)
         await client.until(lambda: client.samples().size >= 24000 * (seconds - 0.2))
+        # every frame handled before the session ends (a close drops what the session has
+        # read ahead and not handled yet: neither sent to the model nor charged)
+        await client.send({"type": "session.close"})
+        await client.closed()
     async with asyncio.timeout(10):  # the lease goes once the audio is charged
         while (await _used(redis, "onesession"))[0]:
             await asyncio.sleep(0.02)

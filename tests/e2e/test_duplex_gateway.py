@@ -15,9 +15,12 @@ import numpy as np
 import openai
 import pytest
 import soxr
+from redis.asyncio import Redis
 
 from services.common.audio.pcm import float_to_pcm16, pcm16_to_float
 from services.common.audio.polyphase import PolyphaseResampler
+from services.common.bus.keys import Keys
+from services.common.bus.settings import RedisSettings
 from services.gateway.app import create_app as gateway_app
 from services.gateway.duplex_link import DuplexLink
 from services.gateway.settings import GatewaySection, GatewaySettings
@@ -338,3 +341,71 @@ async def test_a_g711_session_hears_the_echo_in_mu_law(stack: DuplexStack) -> No
     assert 640 <= lag < 640 + 80  # one model frame late, and the filters' few ms
     assert gain == pytest.approx(0.5, abs=0.05)
     assert correlation > 0.95
+
+
+async def test_a_reconnect_while_the_old_socket_is_open_takes_the_session_over(
+    redis_server: RedisProc,
+) -> None:
+    """The client's network changed: it reconnects with its session id before the gateway
+    saw the old socket die. The old connection is closed ('resumed on another connection')
+    and its duplex slot freed; the new one gets the session, settings included (it got a
+    new session and held a second slot: with one slot, a 1013)."""
+    with duplex_stack(redis_server.settings(), max_sessions=2) as stack:
+        async with session(stack.stream_url) as old:
+            session_id = (await old.event("session.created"))["session"]["id"]
+            await old.send({"type": "session.update", "session": {"voice": "kept-voice"}})
+            await old.event("session.updated")
+            await stream(old.ws, float_to_pcm16(np.full(FRAME_24K * 2, 0.1, np.float32)), 24000)
+            await old.until(lambda: old.samples().size > 0)
+            async with session(f"{stack.stream_url}?session_id={session_id}") as new:
+                created = (await new.event("session.created"))["session"]
+                await new.event("response.created")
+                await old.closed()
+                async with asyncio.timeout(10):  # one slot: the old one is freed
+                    while _duplex_sessions(stack) != 1:
+                        await asyncio.sleep(0.02)
+                await stream(new.ws, float_to_pcm16(np.full(FRAME_24K * 2, 0.1, np.float32)), 24000)
+                await new.until(lambda: new.samples().size > 0)
+    assert (created["id"], created["resumed"], created["voice"]) == (session_id, True, "kept-voice")
+    assert (old.ws.close_code, old.ws.close_reason) == (1000, "resumed on another connection")
+
+
+async def test_a_session_resumed_through_another_gateway_ends_on_the_first(
+    redis_server: RedisProc,
+) -> None:
+    """One writer per stored session: once another gateway claimed it, the first one's
+    save is refused and its old connection closed ('resumed on another connection'),
+    freeing its duplex slot, as for the cascade."""
+    settings = redis_server.settings()
+    with duplex_stack(settings, max_sessions=2) as stack:
+        section = GatewaySection(
+            backend="duplex", duplex_url=stack.duplex.ws, end_of_turn="silence"
+        )
+        other = gateway_app(GatewaySettings(redis=settings, gateway=section))
+        with ServerThread(other) as second:
+            async with session(stack.stream_url) as old:
+                session_id = (await old.event("session.created"))["session"]["id"]
+                await old.send({"type": "session.update", "session": {"voice": "v1"}})
+                await old.event("session.updated")
+                await _until_stored(settings, session_id)
+                async with session(f"{second.ws}/v1/stream?session_id={session_id}") as new:
+                    created = (await new.event("session.created"))["session"]
+                    await old.send({"type": "session.update", "session": {"voice": "v2"}})
+                    await old.closed()
+                    async with asyncio.timeout(10):
+                        while session_id in stack.app.state.sessions or _duplex_sessions(stack) > 1:
+                            await asyncio.sleep(0.02)
+                    assert session_id in other.state.sessions  # the new one goes on
+    assert (created["id"], created["resumed"], created["voice"]) == (session_id, True, "v1")
+    assert (old.ws.close_code, old.ws.close_reason) == (1000, "resumed on another connection")
+
+
+async def _until_stored(settings: RedisSettings, session_id: str) -> None:
+    """Wait for the session's record (a gateway saves it just after `session.updated`)."""
+    client = Redis.from_url(settings.url)
+    try:
+        async with asyncio.timeout(10):
+            while not await client.exists(Keys(settings.prefix).session(session_id)):
+                await asyncio.sleep(0.02)
+    finally:
+        await client.aclose()

@@ -144,6 +144,31 @@ async def test_a_client_close_is_answered_at_once_and_frees_the_slot(
             assert json.loads(await again.recv())["type"] == "ready"
 
 
+async def test_a_close_frees_the_slot_at_once_while_the_model_is_behind(
+    redis_server: RedisProc,
+) -> None:
+    """The model takes a second a step (12 times slower than real time) and the session's
+    input is full: its close is read ahead of the frames waiting for room and frees the
+    slot at once, so the client's reconnect is served (the slot waited for the model to take
+    every frame left, a second each, and a reconnect got 1013 meanwhile)."""
+    fake = FakeDuplexSettings(step_ms=1_000)
+    with duplex_server(
+        redis_server.settings(), engine="fake", max_sessions=1, max_input_frames=1, fake=fake
+    ) as server:
+        url = f"{server.ws}/v1/stream/duplex"
+        ws = await connect(url, close_timeout=60)
+        await ws.recv()
+        await ws.send(tone(20))  # 20 frames: the reader waits for room, a step each
+        async with asyncio.timeout(10):
+            await ws.close()
+        assert ws.close_code == 1000
+        async with asyncio.timeout(8):  # the defect: 18 s or more (a step per frame left)
+            while httpx.get(f"{server.http}/health", timeout=10).json()["sessions"]:
+                await asyncio.sleep(0.02)
+        async with connect(url) as again:
+            assert json.loads(await again.recv())["type"] == "ready"
+
+
 async def test_without_a_credential_the_handshake_is_refused(redis_server: RedisProc) -> None:
     auth = AuthSettings(required=True, token_secret="s" * 40)
     with duplex_server(redis_server.settings(), engine="fake", auth=auth) as server:

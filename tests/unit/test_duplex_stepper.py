@@ -165,6 +165,24 @@ async def test_a_full_input_makes_the_client_wait() -> None:
         runner.cancel()
 
 
+async def test_leaving_releases_a_client_waiting_for_room() -> None:
+    """The model is behind and the session's input full: its client left. Its frame waiting
+    for room is dropped at once, not when the model next takes a frame (it waited then)."""
+    engine = FakeDuplexEngine(FakeDuplexSettings())
+    engine.load(1)
+    steps = Stepper(engine, 1, 0.0, max_input_frames=1, max_output_frames=2, retry_after_s=1)
+    a = steps.join("a")
+    await steps.push(a, frame(0.1))
+    blocked = asyncio.create_task(steps.push(a, frame(0.2)))
+    async with asyncio.timeout(10):
+        while a.space.is_set():  # it waits for room now
+            await asyncio.sleep(0)
+    steps.leave(a)  # no step runs: only leaving can release it
+    async with asyncio.timeout(10):
+        await blocked
+    assert len(a.frames) == 1 and steps.live == 0
+
+
 def test_frames_are_cut_whatever_the_client_sends() -> None:
     frames = FrameAssembler(FRAME)
     audio = np.arange(3 * FRAME + 7, dtype=np.float32)
