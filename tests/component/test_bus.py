@@ -38,7 +38,11 @@ async def test_dead_consumer_jobs_are_reclaimed(bus: tuple[RedisSettings, Keys])
     redis = connect(settings)
     stream = keys.jobs("asr")
     dead = JobStream(redis, settings, stream, "asr", "dead-worker")
-    live = JobStream(redis, settings, stream, "asr", "live-worker")
+    # the same consumer, with an idle time no run can reach, then one any run has passed:
+    # whether the job is "idle long enough" never depends on how fast this machine is
+    patient = settings.model_copy(update={"claim_idle_ms": 600_000})
+    eager = settings.model_copy(update={"claim_idle_ms": 50})
+    live = JobStream(redis, patient, stream, "asr", "live-worker")
     await dead.ensure_group()
     await dead.submit(job("j1"))
     taken = await dead.read(10, block_ms=100)
@@ -46,7 +50,8 @@ async def test_dead_consumer_jobs_are_reclaimed(bus: tuple[RedisSettings, Keys])
     # the dead worker never acks; before claim_idle_ms nothing can be reclaimed
     assert await live.reclaim(10) == []
     assert await live.read(10, block_ms=50) == []
-    await asyncio.sleep(1.1)
+    await asyncio.sleep(0.1)  # past eager's 50 ms (a sleep lasts at least this long)
+    live = JobStream(redis, eager, stream, "asr", "live-worker")
     claimed = await live.reclaim(10)
     assert [d.entry_id for d in claimed] == [taken[0].entry_id]
     assert claimed[0].fields[b"audio"] == b"\x00\x01"

@@ -33,7 +33,9 @@ async def test_a_session_outlives_its_redis(tmp_path: Path) -> None:
     port = free_port()
     redis = start_redis(port, tmp_path)
     bus = RedisSettings(url=f"redis://127.0.0.1:{port}/0")
-    section = GatewaySection(tts_timeout_s=1.0, admission=AdmissionSettings(enabled=False))
+    # a timeout the healthy first turn cannot meet on a loaded machine, short enough for
+    # the second to fail by it if the bus says nothing
+    section = GatewaySection(tts_timeout_s=5.0, admission=AdmissionSettings(enabled=False))
     settings = GatewaySettings(profile="fake", redis=bus, gateway=section)
     try:
         with (

@@ -121,15 +121,38 @@ async def test_asr_stream_close_finalizes_then_closes_1000(lite_stack: Stack) ->
     assert ws.close_code == 1000
 
 
+def _voiced(audio: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    """The clip without its quiet ends (a synthesizer adds a few hundred ms of silence)."""
+    loud = np.flatnonzero(np.abs(audio) > 0.01)
+    return audio[loud[0] : loud[-1] + 1]
+
+
 async def _long_utterance(stack: Stack, partials: bool) -> tuple[list[Json], Json]:
+    """One utterance, committed. With partials, the speech goes on (the sentence again, at
+    real time) until the first partial has come: how many come while a fixed stretch of
+    audio is sent measures the machine (none on a loaded one), not the stream."""
     rate = 16000
+    events: list[Json] = []
     async with connect(_asr_url(stack, rate, partials)) as ws:
         assert (await recv_json(ws))["type"] == "ready"
+
+        async def read() -> Json:
+            while True:
+                event = await recv_json(ws)
+                if event["type"] == "transcript.final":
+                    return event
+                events.append(event)
+
+        reader = asyncio.create_task(read())
         speech = np.concatenate([_silence(300, rate), _speech(LONG, rate)])
         await _send_audio(ws, speech, rate, pace=3.0)
+        if partials:
+            async with asyncio.timeout(60):
+                while not any(e["type"] == "transcript.partial" for e in events):
+                    await _send_audio(ws, _voiced(_speech(SENTENCE, rate)), rate, pace=1.0)
         await send_json(ws, {"type": "commit"})
-        final, before, _ = await recv_until(ws, "transcript.final", timeout_s=20)
-    return before, final
+        final = await asyncio.wait_for(reader, 30)
+    return events, final
 
 
 async def test_asr_stream_partials_only_when_asked(lite_stack: Stack) -> None:

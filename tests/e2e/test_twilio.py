@@ -126,14 +126,15 @@ async def test_barge_in_clears_the_line_and_keeps_what_was_heard(lite_stack: Sta
     assert heard_marks, "marks came back before the clear"
     # no audio of that reply after the clear (a frame in flight at most): each frame is
     # followed by a mark naming its reply. The reply to "stop please" may start soon after
-    # (its lead comes as a burst), so the reply is told by its marks, not by the time.
+    # (its lead comes as a burst), so the reply is told by its marks, and "after" is the
+    # order they came in, not a time (a loaded machine delivers late)
     interrupted = {name.partition(":")[0] for t, name in call.heard.marks if t < cleared_at}
     late = [
         name
         for t, name in call.heard.marks
-        if t > cleared_at + 0.05 and name.partition(":")[0] in interrupted
+        if t > cleared_at and name.partition(":")[0] in interrupted
     ]
-    assert interrupted and not late
+    assert interrupted and len(late) <= 1, late
 
 
 async def test_malformed_messages_never_end_the_call(lite_stack: Stack) -> None:
@@ -153,19 +154,19 @@ async def test_malformed_messages_never_end_the_call(lite_stack: Stack) -> None:
         await call.ws.send(b"\x00\x01")
         await _until(lambda: invalid._value.get() - before >= 6, 10, "six refusals counted")
         await call.say(speak(SENTENCE, 8000))  # the call goes on
-        await _reply_played(call)
-        assert len(session.history) >= 2
+        await _until(lambda: len(session.history) >= 2, 60, "the turn and its answer saved")
         assert await call.stop() == 1000
 
 
 async def test_a_stream_that_never_starts_is_closed(lite_stack: Stack) -> None:
+    before = set(_sessions(lite_stack))  # an earlier test's may still be ending
     async with websockets.connect(_url(lite_stack), open_timeout=10) as ws:
         await ws.send('{"event": "connected", "protocol": "Call", "version": "1.0.0"}')
         stop = {"event": "stop", "sequenceNumber": "1", "streamSid": "MZ1", "stop": {}}
         await ws.send(json.dumps(stop))
         await asyncio.wait_for(ws.wait_closed(), 10)
     assert ws.close_code == 1000
-    assert not _sessions(lite_stack)
+    assert not set(_sessions(lite_stack)) - before
 
 
 def test_mu_law_speech_is_what_the_test_says() -> None:
@@ -185,8 +186,9 @@ async def test_a_stream_in_another_format_is_closed_at_once(lite_stack: Stack) -
         "callSid": "CA1",
         "mediaFormat": {"encoding": "audio/x-l16", "sampleRate": 16000, "channels": 1},
     }
+    before = set(_sessions(lite_stack))
     async with websockets.connect(_url(lite_stack), open_timeout=10) as ws:
         await ws.send(json.dumps({"event": "start", "start": start, "streamSid": "MZ1"}))
         await asyncio.wait_for(ws.wait_closed(), 5)  # not the 10 s start timeout
     assert ws.close_code == 1000
-    assert not _sessions(lite_stack)
+    assert not set(_sessions(lite_stack)) - before

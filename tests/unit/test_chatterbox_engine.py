@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -69,6 +69,9 @@ class FakeBackend:
     produced: int = 0
     closed: int = 0
     steps: list[str] = field(default_factory=list)
+    hold: Callable[[], None] = lambda: None
+    """Called inside each model step (in the engine's turn): a test can keep the turn
+    until the other stream has asked for the next one."""
 
     def __post_init__(self) -> None:
         self.builtin_conds = FakeConds("default") if self.builtin else None
@@ -84,6 +87,7 @@ class FakeBackend:
             for index in range(len(text) * self.tokens_per_char):
                 if self.step_s:
                     time.sleep(self.step_s)
+                self.hold()
                 self.produced += 1
                 self.steps.append(text)
                 yield index
@@ -91,6 +95,7 @@ class FakeBackend:
             self.closed += 1
 
     def render(self, conds: FakeConds, tokens: Sequence[int], final: bool) -> np.ndarray:
+        self.hold()
         self.renders.append((tokens[0], len(tokens), final))
         count = len(tokens) if final else max(0, len(tokens) - 3)
         audio = sine(tokens[0] * PER_TOKEN, (tokens[0] + count) * PER_TOKEN)
@@ -320,18 +325,39 @@ def test_closing_the_stream_ends_the_token_loop(models_dir: Path) -> None:
 
 
 def test_concurrent_streams_interleave_token_by_token(models_dir: Path) -> None:
-    engine, backend = make(models_dir, step_s=0.002)
+    """Two streams take the model in turns, one step each. Each step keeps its turn until
+    the other stream has asked for the next (or has ended), so the order tested is the
+    lock's, not the OS scheduler's: a stream descheduled for a few steps took several in a
+    row before (1 run in 20 on a loaded machine)."""
+    engine, backend = make(models_dir)
+    running = [2]
+    guard = threading.Lock()
+
+    def hold() -> None:
+        deadline = time.monotonic() + 30
+        while engine._gpu.waiting() < 2:
+            with guard:
+                if running[0] < 2:
+                    return
+            assert time.monotonic() < deadline, "the other stream never asked for a turn"
+            time.sleep(0.0002)
+
+    backend.hold = hold
     start = threading.Barrier(2)
 
     def run(text: str) -> None:
         start.wait()
-        audio(engine, text)
+        try:
+            audio(engine, text)
+        finally:
+            with guard:
+                running[0] -= 1
 
     threads = [threading.Thread(target=run, args=(t * 20,)) for t in "ab"]
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(10)
+        thread.join(30)
     steps = "".join(text[0] for text in backend.steps)
     assert sorted(steps) == ["a"] * 40 + ["b"] * 40
     middle = steps[4:-4]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -115,8 +116,12 @@ def _take(lock: FairLock, order: list[int], i: int) -> None:
 
 
 def test_fair_lock_alternates_two_busy_threads() -> None:
+    """A thread that releases and asks again waits behind one already waiting. Each turn
+    is kept until the other thread waits (or is done): the order is the lock's alone."""
     lock = FairLock()
     order: list[str] = []
+    running = [2]
+    guard = threading.Lock()
     start = threading.Barrier(2)
 
     def worker(name: str) -> None:
@@ -124,13 +129,20 @@ def test_fair_lock_alternates_two_busy_threads() -> None:
         for _ in range(30):
             with lock:
                 order.append(name)
-                time.sleep(0.001)
+                deadline = time.monotonic() + 30
+                while lock.waiting() < 2:
+                    with guard:
+                        if running[0] < 2:
+                            break
+                    assert time.monotonic() < deadline
+                    time.sleep(0.0002)
+        with guard:
+            running[0] -= 1
 
     threads = [threading.Thread(target=worker, args=(n,)) for n in "ab"]
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(10)
-    middle = order[5:-5]
-    runs = [len(run) for run in "".join(middle).replace("ab", "a b").replace("ba", "b a").split()]
-    assert max(runs) <= 2, order
+        thread.join(30)
+    assert sorted(order) == ["a"] * 30 + ["b"] * 30
+    assert all(x != y for x, y in itertools.pairwise(order)), order
