@@ -94,3 +94,22 @@ def histogram_count_above(base_url: str, name: str, bound: float) -> float:
         elif line.startswith(f'{name}_bucket{{le="{float(bound)}"}}'):
             le = float(line.rsplit(" ", 1)[1])
     return count - le
+
+
+async def refused_chat_audio(url: str, payload: bytes) -> tuple[bytes | str, int | None]:
+    """One `/api/chat` audio message (0x01) the service must refuse: what it answered (the
+    0x05 error), and the close code that followed."""
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    async with connect(url) as ws:
+        assert await ws.recv() == b"\x00"  # the handshake
+        await ws.send(b"\x01" + payload)
+        answer = await ws.recv()
+        try:
+            await ws.recv()
+        except ConnectionClosed:
+            pass
+        else:
+            raise AssertionError("the socket stayed open after the refusal")
+    return answer, ws.close_code

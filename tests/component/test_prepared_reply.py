@@ -24,14 +24,16 @@ class Recording:
     name = "recording"
     prepare_safe = True
 
-    def __init__(self, calls: list[list[Turn]]) -> None:
+    def __init__(self, calls: list[list[Turn]], reply: str | None = None) -> None:
         self.calls = calls
+        self.reply = reply
+        """What it says (None: "you said" and the last turn's words)."""
 
     async def respond(
         self, history: list[Turn], instructions: str | None = None
     ) -> AsyncIterator[str]:
         self.calls.append(list(history))
-        yield f"you said {history[-1].text}"
+        yield self.reply or f"you said {history[-1].text}"
 
 
 def agents(calls: list[list[Turn]], safe: bool = True) -> dict[str, type[Agent] | object]:

@@ -13,6 +13,7 @@ from services.common.protocol.events import SessionConfig
 from services.gateway.agent import AGENTS, Turn
 from services.gateway.realtime import RealtimeCodec
 from tests.component.session_harness import Harness, on_virtual_time, running_session, silence, tone
+from tests.component.test_prepared_reply import Recording
 
 CONFIG = SessionConfig(id="sess_rt", input_sample_rate=16000, output_sample_rate=16000)
 PUSH_TO_TALK = CONFIG.model_copy(update={"turn_detection": None})
@@ -28,24 +29,10 @@ def _errors(h: Harness) -> list[dict[str, Any]]:
     return [e["error"] for e in h.of_type("error")]
 
 
-class Recording:
-    """Says a long sentence, and records each history it was asked about."""
-
-    name = "recording"
-    prepare_safe = True
-
-    def __init__(self, calls: list[list[Turn]]) -> None:
-        self.calls = calls
-
-    async def respond(
-        self, history: list[Turn], instructions: str | None = None
-    ) -> AsyncIterator[str]:
-        self.calls.append(list(history))
-        yield "Here is a long answer with many words that takes seconds to say."
-
-
 def recording(calls: list[list[Turn]]) -> dict[str, Any]:
-    return {**AGENTS, "echo": lambda: Recording(calls)}
+    """An agent that says a long sentence (seconds of audio) and records what it was asked."""
+    long = "Here is a long answer with many words that takes seconds to say."
+    return {**AGENTS, "echo": lambda: Recording(calls, long)}
 
 
 @on_virtual_time

@@ -5,11 +5,9 @@ ended the socket with a bare 1006)."""
 from __future__ import annotations
 
 import pytest
-import websockets
-from websockets.asyncio.client import connect
 
 from tests.conftest import RedisProc
-from tests.duplex_client import duplex_server
+from tests.duplex_client import duplex_server, refused_chat_audio
 
 
 @pytest.mark.parametrize(
@@ -19,12 +17,7 @@ async def test_audio_that_is_not_opus_is_invalid_audio_and_1007(
     redis_server: RedisProc, payload: bytes
 ) -> None:
     with duplex_server(redis_server.settings(), engine="fake") as server:
-        async with connect(f"{server.ws}/api/chat") as ws:
-            assert await ws.recv() == b"\x00"
-            await ws.send(b"\x01" + payload)
-            error = await ws.recv()
-            with pytest.raises(websockets.ConnectionClosed):
-                await ws.recv()
+        error, code = await refused_chat_audio(f"{server.ws}/api/chat", payload)
     assert isinstance(error, bytes) and error.startswith(b"\x05")
     assert b"Ogg/Opus" in error
-    assert ws.close_code == 1007
+    assert code == 1007

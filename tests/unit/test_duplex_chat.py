@@ -10,12 +10,10 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-import websockets
-from websockets.asyncio.client import connect
 
 from services.duplex import moshi_chat
 from tests.conftest import RedisProc
-from tests.duplex_client import duplex_server
+from tests.duplex_client import duplex_server, refused_chat_audio
 
 
 class RefusingOpus:
@@ -37,14 +35,9 @@ async def test_audio_that_is_not_opus_is_invalid_audio_and_1007(
     codec = types.SimpleNamespace(OpusStreamReader=RefusingOpus, OpusStreamWriter=RefusingOpus)
     monkeypatch.setattr(moshi_chat, "_sphn", lambda: codec)
     with duplex_server(redis_server.settings(), engine="fake", max_sessions=1) as server:
-        async with connect(f"{server.ws}/api/chat") as ws:
-            assert await ws.recv() == b"\x00"
-            await ws.send(b"\x01" + b"garbage" * 50)
-            error = await ws.recv()
-            with pytest.raises(websockets.ConnectionClosed):
-                await ws.recv()
+        error, code = await refused_chat_audio(f"{server.ws}/api/chat", b"garbage" * 50)
         assert isinstance(error, bytes) and error.startswith(b"\x05")
         assert b"Ogg/Opus" in error
-        assert ws.close_code == 1007
+        assert code == 1007
         health = httpx.get(f"{server.http}/health", timeout=10).json()
         assert health["sessions"] == 0
