@@ -51,7 +51,7 @@ $(VENV_DUPLEX)/.tests-installed: pyproject.toml scripts/install_duplex.sh
 
 ## The duplex tests (tiny random-weight Moshi models on the CPU), in .venv-duplex.
 duplex-test: $(VENV_DUPLEX)/.tests-installed
-	OMP_NUM_THREADS=1 $(VENV_DUPLEX)/bin/pytest -q -p no:cacheprovider tests/duplex  # tests/duplex/conftest.py says why
+	$(VENV_DUPLEX)/bin/pytest -q -p no:cacheprovider tests/duplex
 
 ## System packages the tests use, installed where missing (Debian/Ubuntu).
 system-deps:
