@@ -71,6 +71,11 @@ def test_alerts_carry_the_thresholds_ops_asked_for() -> None:
         'sum by (service) (rate(va_requests_total{outcome="error"}[5m])) '
         "/ sum by (service) (rate(va_requests_total[5m])) > 0.01"
     )
+    responses = " ".join(rules["VoiceAgentGatewayResponsesFailing"]["expr"].split())
+    assert responses == (
+        'sum by (instance) (rate(va_gateway_responses_total{status="failed"}[5m])) '
+        "/ sum by (instance) (rate(va_gateway_responses_total[5m])) > 0.01"
+    )
     for rule in rules.values():
         assert rule["labels"]["severity"] in {"info", "warning", "critical"}
         assert rule["annotations"]["summary"] and rule["annotations"]["description"]
