@@ -14,6 +14,8 @@ output longer than `max_tool_chars` is cut, with a note the model can read.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from typing import Any
 
 from services.gateway.agent import ToolCall, Turn
@@ -21,10 +23,19 @@ from services.gateway.agent import ToolCall, Turn
 Message = dict[str, Any]
 
 
+_CUT = re.compile(r"\n\[output cut: \d+ more characters not shown\]\Z")
+"""The note `clip` ends a cut text with."""
+
+
 def clip(text: str, max_chars: int) -> str:
     """`text`, cut to its first `max_chars` characters with a note saying how much is left
-    out (the model then knows the output is incomplete)."""
+    out (the model then knows the output is incomplete). A text it cut already is left as
+    it is: a tool output is cut where it enters the history and again each time the
+    history is sent, and the second cut must not count the first's note as output."""
     if len(text) <= max_chars:
+        return text
+    note = _CUT.search(text)
+    if note is not None and note.start() <= max_chars:
         return text
     return f"{text[:max_chars]}\n[output cut: {len(text) - max_chars} more characters not shown]"
 
@@ -65,16 +76,20 @@ def _groups(turns: list[Turn], max_tool_chars: int | None) -> list[list[Message]
         elif turn.role == "agent" and turn.tool_calls:
             answered = [c for c in turn.tool_calls if c.id in results]
             if answered:
-                groups.append(_exchange(answered, results, max_tool_chars))
+                outputs = [results[c.id] for c in answered]
+                if max_tool_chars is not None:
+                    outputs = [clip(out, max_tool_chars) for out in outputs]
+                groups.append(tool_exchange(answered, outputs))
         elif turn.role == "agent" and turn.text:
             groups.append([{"role": "assistant", "content": turn.text}])
     return groups
 
 
-def _exchange(
-    calls: list[ToolCall], results: dict[str, str], max_tool_chars: int | None
+def tool_exchange(
+    calls: Sequence[ToolCall], outputs: Sequence[str], text: str = ""
 ) -> list[Message]:
-    """The assistant's calls, then each call's result."""
+    """The model's turn with its calls (and the words it said before them), then each
+    call's result: the messages of one tool round."""
     assistant: Message = {
         "role": "assistant",
         "tool_calls": [
@@ -82,15 +97,13 @@ def _exchange(
             for c in calls
         ],
     }
-    outputs = [
-        results[c.id] if max_tool_chars is None else clip(results[c.id], max_tool_chars)
-        for c in calls
+    if text:
+        assistant["content"] = text
+    results = [
+        {"role": "tool", "tool_call_id": c.id, "content": out}
+        for c, out in zip(calls, outputs, strict=True)
     ]
-    results_in_order = zip(calls, outputs, strict=True)
-    return [
-        assistant,
-        *({"role": "tool", "tool_call_id": c.id, "content": out} for c, out in results_in_order),
-    ]
+    return [assistant, *results]
 
 
 def _within(groups: list[list[Message]], budget: int) -> list[list[Message]]:

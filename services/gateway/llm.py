@@ -41,7 +41,7 @@ from services.gateway.agent import (
     ToolsCalled,
     Turn,
 )
-from services.gateway.chat import chat_messages
+from services.gateway.chat import chat_messages, tool_exchange
 from services.gateway.tools import SESSION, Tool, ToolLimits, ToolPool, redact_urls, run_calls
 
 log = logging.getLogger(__name__)
@@ -292,7 +292,7 @@ class OpenAiAgent:
                 yield ToolsCalled(ours)
                 outputs = await run_calls(self.tools, ours, limits)
                 yield ToolsAnswered(ours, tuple(outputs))
-                messages += _tool_messages(step.text, ours, outputs)
+                messages += tool_exchange(ours, outputs, step.text)
             client_calls = tuple(c for c in calls if c.name in theirs)
             if client_calls:
                 yield ToolsCalled(client_calls, client=True)
@@ -466,23 +466,3 @@ def _choice(choice: ToolChoice) -> Any:
 def _client_spec(spec: ToolSpec) -> dict[str, Any]:
     function = {"name": spec.name, "description": spec.description, "parameters": spec.parameters}
     return {"type": "function", "function": function}
-
-
-def _tool_messages(
-    text: str, calls: Sequence[ToolCall], outputs: Sequence[str]
-) -> list[dict[str, Any]]:
-    """The model's turn with its calls, then each call's result, for the next model call."""
-    assistant: dict[str, Any] = {
-        "role": "assistant",
-        "tool_calls": [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in calls
-        ],
-    }
-    if text:
-        assistant["content"] = text
-    results = [
-        {"role": "tool", "tool_call_id": c.id, "content": out}
-        for c, out in zip(calls, outputs, strict=True)
-    ]
-    return [assistant, *results]

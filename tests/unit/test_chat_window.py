@@ -27,6 +27,10 @@ def test_a_long_output_is_cut_with_a_note_the_model_reads() -> None:
     assert clip("short", 10) == "short"
     cut = clip("x" * 50, 10)
     assert cut == "x" * 10 + "\n[output cut: 40 more characters not shown]"
+    # cut where it entered the history, then again each time the history is sent: the
+    # count stays the first cut's (it said 44 more characters the second time)
+    assert clip(cut, 10) == cut
+    assert clip(clip("x" * 500, 100), 100).endswith("[output cut: 400 more characters not shown]")
 
 
 def test_the_oldest_turns_go_past_the_budget_a_call_with_its_result() -> None:
