@@ -30,6 +30,7 @@ import openai
 from openai import AsyncOpenAI
 from pydantic import BaseModel, Field, SecretStr
 
+from services.common.auth.redact import redact_url, redact_urls
 from services.common.errors import AgentFailed
 from services.common.protocol.events import ToolChoice, ToolSpec
 from services.gateway import metrics
@@ -42,7 +43,7 @@ from services.gateway.agent import (
     Turn,
 )
 from services.gateway.chat import chat_messages, tool_exchange
-from services.gateway.tools import SESSION, Tool, ToolLimits, ToolPool, redact_urls, run_calls
+from services.gateway.tools import SESSION, Tool, ToolLimits, ToolPool, run_calls
 
 log = logging.getLogger(__name__)
 
@@ -134,16 +135,6 @@ def make_client(settings: LlmSettings) -> AsyncOpenAI:
     )
 
 
-def display_url(url: str) -> str:
-    """A URL for people (notices, logs, `GET /v1/agents`): without user info, query string
-    or fragment, where credentials hide."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "(a malformed URL)"
-    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
-
-
 def _credentials(url: str) -> tuple[str, tuple[str, str] | None]:
     """The URL without its user info, and that user info (decoded), if any."""
     parts = urlsplit(url)
@@ -174,9 +165,9 @@ class LlmEndpoint:
 
     @property
     def url(self) -> str:
-        """Where the LLM is, for people: no user info, no query string (`display_url`);
+        """Where the LLM is, for people: no user info, no query string (`redact_url`);
         requests go to the configured URL."""
-        return display_url(self.settings.base_url or OPENAI_URL)
+        return redact_url(self.settings.base_url or OPENAI_URL, mark="")
 
     async def probe(self) -> str | None:
         """Ask the server for its models (`GET /models`, bounded by `probe_timeout_s`);

@@ -27,7 +27,6 @@ import functools
 import inspect
 import json
 import logging
-import re
 import threading
 import time
 import traceback
@@ -35,11 +34,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, overload
-from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import TypeAdapter, ValidationError, validate_call
 from pydantic_core import to_jsonable_python
 
+from services.common.auth.redact import redact_urls
 from services.gateway import metrics
 from services.gateway.agent import ToolCall
 from services.gateway.chat import clip
@@ -337,25 +336,6 @@ def _text(result: Any) -> str:
         return json.dumps(to_jsonable_python(result))
     except Exception:
         return str(result)
-
-
-_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
-
-
-def redact_urls(text: str) -> str:
-    """`text` with every URL's user info and query string (where keys hide) blanked."""
-    return _URL.sub(lambda m: _redact_url(m.group()), text)
-
-
-def _redact_url(url: str) -> str:
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<url>"
-    _, at, host = parts.netloc.rpartition("@")
-    netloc = f"***@{host}" if at else host
-    query = "***" if parts.query else ""
-    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
 
 
 def describe(exc: BaseException, near: Callable[..., Any] | None = None) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import re
 from typing import Final
+from urllib.parse import urlsplit, urlunsplit
 
 SECRET_PATTERNS: Final = (
     re.compile(r"va_[0-9a-f]{12}_[A-Za-z0-9_-]{20,}"),
@@ -23,6 +24,28 @@ SECRET_PATTERNS: Final = (
 )
 _DENIAL_NOISE: Final = "ASGI callable returned without completing handshake."
 LOGGERS: Final = ("", "uvicorn", "uvicorn.error", "uvicorn.access", "websockets")
+
+
+URL: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+"""A URL inside free text (an exception's message, say)."""
+
+
+def redact_url(url: str, mark: str = "***") -> str:
+    """`url` for people (notices, logs): its user info and query string, where credentials
+    hide, replaced by `mark` (left out when it is ""), its fragment dropped."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<url>"
+    _, at, host = parts.netloc.rpartition("@")
+    netloc = f"{mark}@{host}" if at and mark else host
+    query = mark if parts.query else ""
+    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
+
+def redact_urls(text: str) -> str:
+    """`text` with every URL in it as `redact_url` writes it."""
+    return URL.sub(lambda m: redact_url(m.group()), text)
 
 
 def redact(text: str) -> str:
