@@ -210,18 +210,18 @@ def rate_limiting(retry_after: str) -> tuple[FastAPI, list[float]]:
 
 
 async def test_a_429_that_asks_for_longer_than_the_reply_can_wait_says_so_at_once() -> None:
-    """Retry-After: 30 against a 3 s first-token deadline: no retry (the SDK would sleep
-    the 30 s, and the client would hear `no first token within 3 s`); the error says
-    what the server said."""
+    """Retry-After: 30 against a 10 s first-token deadline: no retry (the SDK would sleep
+    the 30 s, and the client would hear `no first token within 10 s`); the error says
+    what the server said, long before the deadline (a bound a loaded machine keeps)."""
     app, seen = rate_limiting("30")
     with ServerThread(app) as thread:
         bounded = LlmSettings(
-            base_url=f"{thread.http}/v1", model="m", first_token_timeout_s=3, max_retries=1
+            base_url=f"{thread.http}/v1", model="m", first_token_timeout_s=10, max_retries=1
         )
         started = time.monotonic()
         with pytest.raises(LlmRateLimited, match=r"rate limiting requests \(429: Rate limit"):
             await collect(bounded, [Turn("user", "hi")])
-    assert time.monotonic() - started < 1.5 and len(seen) == 1
+    assert time.monotonic() - started < 5 and len(seen) == 1
 
 
 async def test_a_429_with_a_short_retry_after_is_retried_after_that_wait() -> None:
