@@ -389,7 +389,7 @@ def create_app(
 
     @app.websocket("/v1/stream")
     async def stream(ws: WebSocket, session_id: str | None = Query(None, max_length=64)) -> None:
-        opened = await admit(ws, NativeCodec(duplex=section.backend == "duplex"), session_id)
+        opened = await admit(ws, NativeCodec(), session_id)
         if opened is not None:
             try:
                 await run_session(ws, *opened)

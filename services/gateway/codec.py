@@ -24,8 +24,6 @@ from services.common.protocol.events import (
     ClientEvent,
     ErrorEvent,
     Event,
-    ResponseCreated,
-    ResponseDone,
     SessionCreated,
     SessionUpdated,
     parse,
@@ -77,47 +75,26 @@ class Decoded:
 class WireAudio:
     """The session's audio codings as the client sent them last (`session.created` and
     `session.updated` say): PCM16 passes through, G.711 is decoded to and encoded from PCM16
-    by table (services/common/audio/g711.py: nothing held back).
+    by table (services/common/audio/g711.py: nothing held back). A reply's audio is coded
+    as its own settings say (`from_pcm`'s `coding`): one asked for while it plays applies
+    from the next reply, whose audio is made at the new rate."""
 
-    A new input coding applies at once. So does a new output coding, except that with
-    `per_response` (the cascade: a reply keeps the rate it began with) one asked for while
-    a response plays applies from the next one; the duplex backend's audio follows the
-    session's formats as they change."""
-
-    def __init__(
-        self,
-        given: AudioEncoding = "pcm16",
-        sent: AudioEncoding = "pcm16",
-        per_response: bool = True,
-    ) -> None:
+    def __init__(self, given: AudioEncoding = "pcm16", sent: AudioEncoding = "pcm16") -> None:
         self.given = given
         self.sent = sent
-        self.per_response = per_response
-        self._next_sent: AudioEncoding | None = None
-        self._replying: set[str] = set()  # the responses under way
 
     def follow(self, event: Event) -> None:
-        match event:
-            case SessionCreated() | SessionUpdated():
-                self.given = event.session.input_format
-                if self._replying and self.per_response:
-                    self._next_sent = event.session.output_format
-                else:
-                    self.sent = event.session.output_format
-            case ResponseCreated():
-                self._replying.add(event.response_id)
-            case ResponseDone():
-                self._replying.discard(event.response_id)
-                if not self._replying and self._next_sent is not None:
-                    self.sent, self._next_sent = self._next_sent, None
+        if isinstance(event, SessionCreated | SessionUpdated):
+            self.given, self.sent = event.session.input_format, event.session.output_format
 
     def to_pcm(self, data: bytes) -> bytes:
         """Client audio → PCM16."""
         return data if self.given == "pcm16" else g711.decode(data, self.given)
 
-    def from_pcm(self, pcm: bytes) -> bytes:
-        """PCM16 → the client's coding."""
-        return pcm if self.sent == "pcm16" else g711.encode(pcm, self.sent)
+    def from_pcm(self, pcm: bytes, coding: AudioEncoding | None = None) -> bytes:
+        """PCM16 → `coding` (None: the session's output coding now)."""
+        coding = coding or self.sent
+        return pcm if coding == "pcm16" else g711.encode(pcm, coding)
 
 
 class Codec(Protocol):
@@ -131,7 +108,7 @@ class Codec(Protocol):
 
     def encode(self, event: Event) -> list[Outgoing]: ...
 
-    def encode_audio(self, pcm: bytes) -> list[Outgoing]: ...
+    def encode_audio(self, pcm: bytes, coding: AudioEncoding | None = None) -> list[Outgoing]: ...
 
     def encode_error(
         self, exc: VoiceAgentError, fatal: bool, answering: bool = False
@@ -147,8 +124,8 @@ class NativeCodec:
 
     confirms_playout = False
 
-    def __init__(self, duplex: bool = False) -> None:
-        self.audio = WireAudio(per_response=not duplex)
+    def __init__(self) -> None:
+        self.audio = WireAudio()
 
     def decode(self, frame: Frame) -> Decoded:
         if frame.data is not None:
@@ -159,8 +136,8 @@ class NativeCodec:
         self.audio.follow(event)
         return [event.dump()]
 
-    def encode_audio(self, pcm: bytes) -> list[Outgoing]:
-        return [self.audio.from_pcm(pcm)]
+    def encode_audio(self, pcm: bytes, coding: AudioEncoding | None = None) -> list[Outgoing]:
+        return [self.audio.from_pcm(pcm, coding)]
 
     def encode_error(
         self, exc: VoiceAgentError, fatal: bool, answering: bool = False
@@ -203,8 +180,9 @@ class SessionChannel:
     async def send(self, event: Event) -> None:
         await self._send_all(self.codec.encode(event))
 
-    async def send_audio(self, data: bytes) -> None:
-        await self._send_all(self.codec.encode_audio(data))
+    async def send_audio(self, data: bytes, coding: AudioEncoding | None = None) -> None:
+        """PCM16 out, coded as `coding` (a reply's own) or as the session's output now."""
+        await self._send_all(self.codec.encode_audio(data, coding))
 
     async def send_error(
         self, exc: VoiceAgentError, fatal: bool | None = None, answering: bool = False

@@ -23,6 +23,7 @@ from services.common.audio.vad import VadSettings
 from services.common.errors import InvalidAudio, VoiceAgentError
 from services.common.protocol.events import (
     MAX_TEXT_CHARS,
+    AudioEncoding,
     ConversationToolResult,
     ErrorEvent,
     Event,
@@ -88,7 +89,7 @@ class RealtimeCodec:
         self.agents = agents
         """The gateway's agents: a `session.update` `model` naming one picks it."""
         self.config: SessionConfig | None = None
-        self.audio = WireAudio(per_response=not duplex)
+        self.audio = WireAudio()
         """The session's audio codings (PCM16, or G.711 for `audio/pcmu` / `audio/pcma`)."""
         self._client_event: str | None = None  # event_id of the client event being handled
         self._open_item: str | None = None  # the user's utterance the VAD has open
@@ -238,10 +239,10 @@ class RealtimeCodec:
     # ------------------------------------------------------------ Session → client
 
     def encode(self, event: Event) -> list[Outgoing]:
-        self.audio.follow(event)
         match event:
             case SessionCreated() | SessionUpdated():
                 self.config = event.session
+                self.audio.follow(event)
                 kind = "session.created" if isinstance(event, SessionCreated) else "session.updated"
                 session = shapes.session_object(event.session, self.vad, self.beta)
                 self._emit({"type": kind, "session": session})
@@ -292,10 +293,10 @@ class RealtimeCodec:
                 self._error(event.code, event.message, None, event.fatal, None)
         return self._flush()
 
-    def encode_audio(self, pcm: bytes) -> list[Outgoing]:
+    def encode_audio(self, pcm: bytes, coding: AudioEncoding | None = None) -> list[Outgoing]:
         reply = self._reply
         if reply is not None:
-            delta = base64.b64encode(self.audio.from_pcm(pcm)).decode("ascii")
+            delta = base64.b64encode(self.audio.from_pcm(pcm, coding)).decode("ascii")
             self._emit({"type": "response.output_audio.delta", **self._part(reply), "delta": delta})
         return self._flush()
 

@@ -22,6 +22,7 @@ from services.common.audio.pcm import ms_to_samples
 from services.common.bus.messages import JobFailed, TtsChunk, TtsDone, TtsJob
 from services.common.errors import AgentFailed, TtsUnavailable, VoiceAgentError
 from services.common.protocol.events import (
+    AudioEncoding,
     Event,
     OutputAudioClear,
     ResponseAudioDone,
@@ -55,7 +56,9 @@ class Output(Protocol):
 
     async def send(self, event: Event) -> None: ...
 
-    async def send_audio(self, data: bytes) -> None: ...
+    async def send_audio(self, data: bytes, coding: AudioEncoding | None = None) -> None:
+        """PCM16 out, coded as `coding` (the reply's own output format)."""
+        ...
 
     async def send_error(self, exc: VoiceAgentError) -> None: ...
 
@@ -338,7 +341,7 @@ class Reply:
         due = playout.started + sent_s - self.ctx.settings.output_lead_ms / 1000
         if due > now:
             await asyncio.sleep(due - now)
-        await self.ctx.output.send_audio(frame)
+        await self.ctx.output.send_audio(frame, self.config.output_format)
         playout.sent_bytes += len(frame)
 
     async def _finish(self, status: Status) -> None:

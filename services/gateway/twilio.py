@@ -19,6 +19,7 @@ import logging
 
 from services.common.errors import VoiceAgentError
 from services.common.protocol.events import (
+    AudioEncoding,
     ErrorEvent,
     Event,
     OutputAudioClear,
@@ -141,11 +142,11 @@ class TwilioCodec:
                 log.warning("twilio stream %s: %s: %s", self.stream_sid, event.code, event.message)
         return []
 
-    def encode_audio(self, pcm: bytes) -> list[Outgoing]:
+    def encode_audio(self, pcm: bytes, coding: AudioEncoding | None = None) -> list[Outgoing]:
         if self.stream_sid is None or self._reply is None:
             return []
         self._sent += len(pcm)
-        payload = base64.b64encode(self.audio.from_pcm(pcm)).decode("ascii")
+        payload = base64.b64encode(self.audio.from_pcm(pcm, coding)).decode("ascii")
         name = f"{self._reply}:{self._sent}"
         return [tw.media(self.stream_sid, payload), tw.mark(self.stream_sid, name)]
 

@@ -313,7 +313,7 @@ class _Quiet:
     async def send(self, event: object) -> None:
         self.sent.append(event)
 
-    async def send_audio(self, data: bytes) -> None: ...
+    async def send_audio(self, data: bytes, coding: object = None) -> None: ...
 
     async def send_error(self, exc: object) -> None:
         self.sent.append(exc)
