@@ -32,7 +32,7 @@ from services.common.errors import (
 from services.common.service.routes import ServiceState
 from services.common.service.ws import Channel, Disconnected, ReadAhead
 from services.duplex.framing import FrameAssembler
-from services.duplex.session import READ_AHEAD_BYTES, DuplexSession, held_slot, read_ahead
+from services.duplex.session import DuplexSession, held_slot, read_ahead
 from services.duplex.stepper import Stepper
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ async def serve_moshi_chat(
             reader, writer = sphn.OpusStreamReader(rate), sphn.OpusStreamWriter(rate)
             frames = FrameAssembler(stepper.engine.frame_samples)
             await channel.send_audio(HANDSHAKE)
-            received = ReadAhead(READ_AHEAD_BYTES)
+            received = ReadAhead()
             try:
                 async with asyncio.TaskGroup() as tasks:
                     tasks.create_task(read_ahead(channel, received, session), name="moshi-in")

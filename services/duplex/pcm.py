@@ -26,7 +26,7 @@ from services.common.protocol.duplex import DuplexReady, TextDelta, parse_client
 from services.common.service.routes import ServiceState
 from services.common.service.ws import Channel, Disconnected, ReadAhead
 from services.duplex.framing import ClientAudio
-from services.duplex.session import READ_AHEAD_BYTES, DuplexSession, held_slot, read_ahead
+from services.duplex.session import DuplexSession, held_slot, read_ahead
 from services.duplex.stepper import Stepper
 
 FRAME_MS = 80
@@ -104,7 +104,7 @@ async def serve_pcm_stream(
             await channel.send(ready)
             audio = ClientAudio(input_rate, engine.sample_rate, engine.frame_samples)
             out = PolyphaseResampler(engine.sample_rate, output_rate)
-            frames = ReadAhead(READ_AHEAD_BYTES)
+            frames = ReadAhead()
             try:
                 async with asyncio.TaskGroup() as tasks:
                     tasks.create_task(read_ahead(channel, frames, session), name="duplex-in")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Final
 
 from services.common.errors import VoiceAgentError
 from services.common.service.routes import ServiceState
@@ -14,11 +13,6 @@ from services.common.service.ws import Channel, ReadAhead
 from services.duplex import metrics
 from services.duplex.engines.base import AudioF32, SlotOutput
 from services.duplex.stepper import DuplexSlot, Stepper
-
-READ_AHEAD_BYTES: Final = 2 << 20
-"""A client's frames read ahead of the model: ~40 s of 24 kHz PCM16, so its close is read
-(and its slot freed) at once while the model is behind and its input full, for a client
-sending in real time. One that sends faster is held back there, as TCP would hold it."""
 
 
 class EngineFailed(VoiceAgentError):

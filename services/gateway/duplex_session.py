@@ -56,7 +56,6 @@ from services.gateway.agent import Turn, keep_recent
 from services.gateway.codec import AudioIn, AudioPlayed, ClientInput, SessionChannel, UserItem
 from services.gateway.duplex_link import DuplexLink
 from services.gateway.hearing import new_id, turn_settings
-from services.gateway.session import READ_AHEAD_BYTES
 from services.gateway.settings import GatewaySection
 from services.gateway.store import SessionStore
 
@@ -109,7 +108,7 @@ class DuplexSession:
         self._to_client = PolyphaseResampler(ready.output_sample_rate, config.output_sample_rate)
         if config.turn_detection is not None:  # a resumed session's own
             listener.set_turns(*turn_settings(listener.settings, config.turn_detection))
-        self._frames = ReadAhead(READ_AHEAD_BYTES)
+        self._frames = ReadAhead()
         """The client's frames, read ahead of their handling (serve)."""
 
     # ------------------------------------------------------------------ the session

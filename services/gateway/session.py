@@ -56,11 +56,6 @@ from services.gateway.turn_end import EndOfTurn, Heard, word_rules_apply
 
 log = logging.getLogger(__name__)
 
-READ_AHEAD_BYTES = 2 << 20
-"""Client frames a session reads ahead of its handling: about a minute of 16 kHz audio, so
-a Redis call that stalls the handling never stops the socket being read (and a close
-answered) for a client sending in real time."""
-
 
 class SessionClosed(Exception):
     """The client asked to close the session."""
@@ -137,7 +132,7 @@ class Session:
         self.replies = Replies(
             context, self.settings, services.agents, lambda: self.config, self.history
         )
-        self._frames = ReadAhead(READ_AHEAD_BYTES)
+        self._frames = ReadAhead()
         """The client's frames, read ahead of their handling (serve)."""
 
     # ------------------------------------------------------------------ client inputs

@@ -19,9 +19,8 @@ from typing import Final
 
 from pydantic import BaseModel, ValidationError
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
-from services.common.bus.connection import REDIS_DOWN
+from services.common.bus.connection import REDIS_FAILED
 from services.common.bus.durable import durable_write
 from services.common.bus.keys import Keys
 from services.common.bus.settings import RedisSettings
@@ -85,7 +84,6 @@ class SessionStore:
         self.redis = redis
         self.owner = owner or f"store-{uuid.uuid4().hex}"
         """This process (a gateway's id and a random part: ids may be configured twice)."""
-        self.prefix = prefix
         self.ttl_s = ttl_s
         self.keys = Keys(prefix)
         self.settings = settings or RedisSettings(prefix=prefix)
@@ -106,7 +104,7 @@ class SessionStore:
         script = ("EVAL", SAVE, 1, key, stored.model_dump_json(), self.owner, self.ttl_s)
         try:
             (written,) = await durable_write(self.redis, self.settings, key, [script])
-        except (*REDIS_DOWN, RedisError) as exc:  # out of reach, or refusing (OOM, say)
+        except REDIS_FAILED as exc:  # out of reach, or refusing (OOM, say)
             log.warning("could not save session %s: %s", config.id, exc)
             return True
         if not written:
@@ -118,7 +116,7 @@ class SessionStore:
         Forbidden when it is another tenant's (its id leaked or was guessed)."""
         try:
             raw = await self.redis.get(self.key(session_id))
-        except (*REDIS_DOWN, RedisError) as exc:
+        except REDIS_FAILED as exc:
             log.warning("could not load session %s: starting afresh (%s)", session_id, exc)
             return None
         return self._read(session_id, raw, tenant)
@@ -136,7 +134,7 @@ class SessionStore:
             (raw,) = await durable_write(
                 self.redis, self.settings, key, [("EVAL", CLAIM, 1, key, self.owner)]
             )
-        except (*REDIS_DOWN, RedisError) as exc:
+        except REDIS_FAILED as exc:
             log.warning("could not claim session %s: %s", session_id, exc)
             return loaded
         return self._read(session_id, raw, tenant)

@@ -25,13 +25,17 @@ DETECT: Final = frozenset({"auto", "detect"})
 """Language hints that mean: detect the language (the environment cannot say None)."""
 
 
+def language_hint(hint: str | None) -> str | None:
+    """A language code as asked for (`EN ` → `en`), or None for `auto`/`detect`/none."""
+    code = hint.strip().lower() if hint is not None else None
+    return None if code is None or code in DETECT else code
+
+
 def refuse_unknown_language(engine: FileEngine, request: FileRequest) -> None:
     """`check_request` for a REST request before it is routed: the batched path (plain
     transcripts) would otherwise detect a language the model does not know, which the
     whole-file path refuses; both refuse it now, as OpenAI's API does."""
-    hint = request.language
-    language = None if hint is None or hint.strip().lower() in DETECT else hint.strip().lower()
-    check_request(request, language, engine.languages(), engine.model)
+    check_request(request, language_hint(request.language), engine.languages(), engine.model)
 
 
 def check_request(request: FileRequest, language: str | None, known: list[str], model: str) -> None:

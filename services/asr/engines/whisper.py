@@ -56,7 +56,7 @@ from services.asr.engines.base import (
     Transcript,
     run_steps,
 )
-from services.asr.engines.file import DETECT, file_steps
+from services.asr.engines.file import file_steps, language_hint
 from services.asr.engines.whisper_files import check_cuda, model_folder
 from services.asr.engines.whisper_scores import Decoded, decoded
 from services.asr.settings import WhisperSettings
@@ -195,8 +195,7 @@ class FasterWhisperEngine:
         whisper = self._whisper
         if whisper is None:
             raise EngineUnavailable("the faster-whisper model is not loaded")
-        hint = request.language or self.settings.language
-        language = None if hint is None or hint.lower() in DETECT else hint.lower()
+        language = language_hint(request.language or self.settings.language)
         request = dataclasses.replace(
             request, audio=self._widened(_mono(request.audio), request.source_rate)
         )
@@ -229,7 +228,7 @@ class FasterWhisperEngine:
         for index, item in enumerate(items):
             audio = self._widened(_mono(item.audio), item.source_rate)
             duration = audio.size / self.sample_rate
-            language = _hint(item.language or self.settings.language)
+            language = language_hint(item.language or self.settings.language)
             results.append(Transcript(text="", language=language, duration_s=duration))
             if audio.size:
                 batch.append(_Utterance(index, duration, self._features(audio), language))
@@ -359,15 +358,10 @@ def _mono(audio: AudioF32) -> AudioF32:
     return samples
 
 
-def _hint(language: str | None) -> str | None:
-    """A language hint, with `auto`/`detect` read as none (detect it)."""
-    return None if language is None or language.strip().lower() in DETECT else language
-
-
 def _known_language(hint: str | None, known: set[str]) -> str | None:
-    if hint is None or hint.strip().lower() in DETECT:
+    code = language_hint(hint)
+    if code is None:
         return None
-    code = hint.strip().lower()
     if code not in known:
         log.warning("language %r is not one the model knows; detecting it instead", hint)
         return None

@@ -21,7 +21,6 @@ from urllib.parse import urlsplit
 
 from fastapi.responses import JSONResponse
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
 from starlette.requests import HTTPConnection
 from starlette.websockets import WebSocket
 
@@ -30,7 +29,7 @@ from services.common.auth.api_keys import KeyStore
 from services.common.auth.credentials import ANONYMOUS, Principal, credential, is_loopback
 from services.common.auth.limits import LEASE_S, NO_METER, AudioMeter, Limiter
 from services.common.auth.settings import AuthSettings
-from services.common.bus.connection import REDIS_DOWN
+from services.common.bus.connection import REDIS_DOWN, REDIS_FAILED
 from services.common.errors import Forbidden, Unauthorized, VoiceAgentError
 
 log = logging.getLogger(__name__)
@@ -279,7 +278,7 @@ class AuthGuard:
             await asyncio.sleep(LEASE_S / 3)
             try:
                 await self.limiter.renew_session(tenant, lease)
-            except (*REDIS_DOWN, RedisError) as exc:  # out of reach, or refusing (OOM)
+            except REDIS_FAILED as exc:  # out of reach, or refusing (OOM)
                 log.warning("could not renew a session lease: %s", exc)
 
     async def _refuse(

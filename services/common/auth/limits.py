@@ -15,9 +15,8 @@ import time
 from typing import Final
 
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
-from services.common.bus.connection import REDIS_DOWN
+from services.common.bus.connection import REDIS_FAILED
 from services.common.bus.keys import Keys
 from services.common.errors import QuotaExceeded, RateLimited
 
@@ -172,7 +171,7 @@ class AudioMeter:
         self.pending_ms -= whole
         try:
             await self.limiter.charge_audio(self.tenant, whole, self.quota_s)
-        except (*REDIS_DOWN, RedisError) as exc:
+        except REDIS_FAILED as exc:
             self.pending_ms += whole
             now = time.monotonic()
             if now - _unmetered_warned[0] >= 10.0:  # one line every 10 s, not one a second

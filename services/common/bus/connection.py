@@ -28,7 +28,13 @@ from redis.asyncio.sentinel import (
     SentinelManagedSSLConnection,
 )
 from redis.backoff import ExponentialBackoff
-from redis.exceptions import ClusterDownError, ReadOnlyError, ResponseError, TryAgainError
+from redis.exceptions import (
+    ClusterDownError,
+    ReadOnlyError,
+    RedisError,
+    ResponseError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -53,6 +59,9 @@ REDIS_DOWN = (
 )
 """Redis out of reach, or a failover under way (a demoted master, a cluster settling, a
 master refusing writes it could not replicate)."""
+REDIS_FAILED = (RedisError, OSError)
+"""Redis out of reach (REDIS_DOWN) or refusing what it was asked (OOM, NOAUTH, a wrong
+type): what a caller that can go on without the write catches."""
 _RETRIED = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, NoReplicasError)
 """What a command is retried on (with backoff) before the error reaches the caller."""
 

@@ -121,13 +121,6 @@ def _check_wait(settings: RedisSettings, key: str, acked: Any) -> None:
         )
 
 
-async def durable_set(
-    redis: Redis, settings: RedisSettings, key: str, value: bytes | str, ex: int
-) -> None:
-    """SET, then WAIT for `wait_replicas` replicas when configured."""
-    await durable_write(redis, settings, key, [("SET", key, value, "EX", ex)])
-
-
 def xadd_command(stream: str, fields: Fields, maxlen: int) -> Command:
     flat = [part for pair in fields.items() for part in pair]
     return ("XADD", stream, "MAXLEN", "~", maxlen, "*", *flat)

@@ -21,9 +21,9 @@ import time
 from collections.abc import Awaitable, Callable
 
 from pydantic import ValidationError
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import ResponseError
 
-from services.common.bus.connection import REDIS_DOWN
+from services.common.bus.connection import REDIS_DOWN, REDIS_FAILED
 from services.common.bus.keys import Keys
 from services.common.bus.streams import Delivery, JobStream, tell_failed
 from services.common.errors import InternalError
@@ -183,7 +183,7 @@ class JobWorker:
             await self.jobs.ack(delivery.entry_id)
         except asyncio.CancelledError:
             raise
-        except (*REDIS_DOWN, RedisError):
+        except REDIS_FAILED:
             # Left pending: XAUTOCLAIM retries it, and dead-letters it after max_deliveries.
             log.exception("job %s on %s failed", job_id, self.jobs.stream)
         except Exception as exc:
@@ -206,7 +206,7 @@ class JobWorker:
             if job_id is not None:
                 await self.jobs.mark_done(job_id, self.keys)
             await self.jobs.ack(delivery.entry_id)
-        except (*REDIS_DOWN, RedisError) as down:  # left pending: a retry fails it again
+        except REDIS_FAILED as down:  # left pending: a retry fails it again
             log.warning(
                 "job %s on %s: could not answer its failure: %s", job_id, self.jobs.stream, down
             )

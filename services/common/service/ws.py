@@ -119,6 +119,11 @@ class Channel:
                 self.closed = True
 
 
+READ_AHEAD_BYTES = 2 << 20
+"""What a connection reads ahead of its handling by default: ~40 s of 24 kHz PCM16, so a
+close is read at once while the handling waits, for a client sending in real time."""
+
+
 class ReadAhead:
     """Frames read from a socket ahead of their handling, at most `max_bytes` of them.
 
@@ -130,7 +135,7 @@ class ReadAhead:
     then wait for a frame forever). A client that sends faster than it is handled is held
     back at the bound, as TCP would hold it back."""
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int = READ_AHEAD_BYTES) -> None:
         self.max_bytes = max_bytes
         self._frames: deque[Frame] = deque()
         self._bytes = 0
