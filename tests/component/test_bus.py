@@ -469,11 +469,14 @@ async def test_a_draining_worker_takes_no_new_job_and_leaves_its_stragglers_pend
         async with asyncio.timeout(10):
             for event in started.values():
                 await event.wait()
-        drain = asyncio.create_task(worker_a.drain(1.0))
+        drain = asyncio.create_task(worker_a.drain(3.0))
         async with asyncio.timeout(10):
             await worker_a.stopped_reading.wait()
         late = await producer.submit(job("late"))
         release.set()
+        async with asyncio.timeout(10):  # "quick" ends within the drain (on a busy machine too)
+            while not await redis.xlen(replies):
+                await asyncio.sleep(0.02)
         await drain  # returns at its timeout: "stuck" still runs
         assert [json.loads(m[b"meta"])["job_id"] for _, m in await redis.xrange(replies)] == [
             "quick"

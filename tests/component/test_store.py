@@ -64,7 +64,8 @@ async def test_a_redis_refusing_writes_costs_only_the_resume(tmp_path: Path) -> 
     try:
         await redis.config_set("maxmemory", 1)  # below what it uses: every write refused
         await redis.config_set("maxmemory-policy", "noeviction")
-        await store.save(SessionConfig(id="sess_oom"), [Turn("user", "hi")], "acme")
+        # refused, logged, and the session goes on (True: not "claimed elsewhere")
+        assert await store.save(SessionConfig(id="sess_oom"), [Turn("user", "hi")], "acme")
         assert await store.load("sess_oom", "acme") is None
     finally:
         await redis.aclose()
