@@ -105,3 +105,23 @@ def test_tts_requests_are_counted_once_with_their_outcome(tts: TestClient) -> No
     broken = tts.post("/v1/audio/speech", json={**body, "input": "break it now please"})
     assert broken.status_code == 200  # the audio had started: the stream is cut short
     assert counted.changes() == {("speech", "error"): 1}
+
+
+def test_an_upload_refused_for_its_declared_size_is_counted(redis_server: RedisProc) -> None:
+    """The body limit answers before the body is read; that 413 is an error reply like any
+    other (it was written around the app's error handling, and counted nowhere)."""
+    settings = AsrSettings(profile="fake", redis=redis_server.settings())
+    settings.asr.max_upload_mb = 0.1
+    with TestClient(asr_app(settings)) as asr:
+        counted = Counted("asr", ("transcriptions",))
+        errors = REGISTRY.get_sample_value(
+            "va_errors_total", {"service": "asr", "code": "invalid_audio"}
+        )
+        big = {"file": ("a.wav", bytes(400_000))}
+        refused = asr.post("/v1/audio/transcriptions", files=big, data={"model": "whisper-1"})
+        assert refused.status_code == 413 and refused.json()["error"]["code"] == "invalid_audio"
+        assert counted.changes() == {("transcriptions", "error"): 1}
+        after = REGISTRY.get_sample_value(
+            "va_errors_total", {"service": "asr", "code": "invalid_audio"}
+        )
+        assert (after or 0) - (errors or 0) == 1

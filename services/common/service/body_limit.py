@@ -11,10 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from starlette.exceptions import HTTPException
-from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from services.common.errors import UploadTooLarge
 
 FORM_MARGIN = 64 * 1024
 """What a multipart body holds besides its file (boundaries, headers, form fields): the
@@ -36,14 +33,16 @@ class BodyLimit:
         most = limit + FORM_MARGIN
         refused = f"the upload exceeds the limit of {limit} bytes"
         declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > most:
-            error = UploadTooLarge(refused)
-            await JSONResponse(error.body(), error.http_status)(scope, receive, send)
-            return
+        too_big = declared is not None and declared.isdigit() and int(declared) > most
         read = 0
 
         async def limited() -> Message:
+            """The body, refused once past the limit: at once when its declared length is
+            (nothing of it read), else as soon as the bytes read are. Raised from the body,
+            the refusal is the app's own error reply (typed, counted as every error is)."""
             nonlocal read
+            if too_big:
+                raise HTTPException(413, refused)
             message = await receive()
             if message["type"] == "http.request":
                 read += len(message.get("body", b""))
