@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import websockets
 
+from services.client.credentials import bearer
 from services.common.audio.pcm import (
     ALLOWED_SAMPLE_RATES,
     AudioF32,
@@ -143,7 +144,7 @@ class StreamClient:
     async def __aenter__(self) -> StreamClient:
         tls: dict[str, Any] = {} if self.ssl is None else {"ssl": self.ssl}  # else: default
         if self.api_key:
-            tls["additional_headers"] = {"Authorization": f"Bearer {self.api_key}"}
+            tls["additional_headers"] = bearer(self.api_key)
         self.ws = await websockets.connect(
             self.url,
             max_size=None,

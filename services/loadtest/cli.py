@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import os
 import shlex
 import sys
 import threading
@@ -28,8 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
-import websockets
-
+from services.client.credentials import api_key_from_env, refusal
 from services.client.stream import StreamClient
 from services.common.platform.extras import MissingExtra, require_extra
 from services.loadtest.breakdown import breakdown, engine_ms
@@ -144,15 +142,10 @@ def add_loadtest_command(sub: argparse._SubParsersAction[argparse.ArgumentParser
     parser.set_defaults(func=run)
 
 
-def _api_key() -> str | None:
-    """`VA_API_KEY`, as `voice-agent client` takes it: never in `ps` or the shell history."""
-    return os.environ.get("VA_API_KEY") or None
-
-
 def run(args: argparse.Namespace) -> None:
     """The CLI's entry: exits with the load test's status."""
     command_line = shlex.join(["voice-agent", *sys.argv[1:]])
-    status = execute(args, command_line, _api_key())
+    status = execute(args, command_line, api_key_from_env())
     if status:
         raise SystemExit(status)
 
@@ -164,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(parser)
     words = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(words)
-    return execute(args, shlex.join(["voice-agent", "loadtest", *words]), _api_key())
+    return execute(args, shlex.join(["voice-agent", "loadtest", *words]), api_key_from_env())
 
 
 # ---------------------------------------------------------------------- the run
@@ -183,16 +176,7 @@ async def _probe(url: str, api_key: str | None) -> None:
 
 def _refused(exc: Exception, url: str, api_key: str | None) -> str:
     """Why the first session did not open, in one line."""
-    status = exc.response.status_code if isinstance(exc, websockets.InvalidStatus) else None
-    if status in (401, 403):
-        held = "was refused" if api_key else "is not set"
-        return (
-            f"the gateway at {url} refused the session ({status}): VA_API_KEY {held}; "
-            "set it to an API key or client token (docs/auth.md)"
-        )
-    if status is not None:
-        return f"the gateway at {url} refused the session with HTTP {status}"
-    return f"cannot open a session at {url}: {exc!r}"
+    return refusal(exc, url, api_key) or f"cannot open a session at {url}: {exc!r}"
 
 
 def execute(args: argparse.Namespace, command_line: str, api_key: str | None = None) -> int:

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from services.client.credentials import bearer
 from services.loadtest.breakdown import Histogram, histograms
 
 TIMEOUT_S: Final = 5.0
@@ -56,8 +57,9 @@ class Services:
 
 def _sample(name: str, url: str, window_s: float, api_key: str | None) -> Sample:
     window = min(600.0, max(1.0, window_s))
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    with httpx.Client(base_url=url.rstrip("/"), timeout=TIMEOUT_S, headers=headers) as client:
+    with httpx.Client(
+        base_url=url.rstrip("/"), timeout=TIMEOUT_S, headers=bearer(api_key)
+    ) as client:
         health = _json(client, f"/health?window_s={window:.0f}")
         found = histograms(_metrics(client), name)
     return Sample(time.time(), health, found)

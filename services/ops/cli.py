@@ -220,24 +220,26 @@ def serve(service: str, argv: list[str]) -> None:
 
 def client(args: argparse.Namespace) -> None:
     """Talk to the agent with a wav file."""
+    from services.client.credentials import api_key_from_env
     from services.client.stream import talk
 
     out = Path(args.out) if args.out else None
-    key = os.environ.get("VA_API_KEY") or None  # from the environment: never in `ps` or history
+    key = api_key_from_env()
     try:
         asyncio.run(talk(args.url, Path(args.wav), out, args.timeout, key))
     except Exception as exc:
-        problem = _client_problem(exc, args)
+        problem = _client_problem(exc, args, key)
         if problem is None:
             raise
         print(f"voice-agent client: error: {problem}", file=sys.stderr)
         raise SystemExit(1) from None
 
 
-def _client_problem(exc: Exception, args: argparse.Namespace) -> str | None:
+def _client_problem(exc: Exception, args: argparse.Namespace, key: str | None) -> str | None:
     """What a user did wrong (or has not started), in one line; None for a bug."""
     import websockets
 
+    from services.client.credentials import refusal
     from services.client.stream import NoAnswer
     from services.common.errors import VoiceAgentError
 
@@ -247,14 +249,8 @@ def _client_problem(exc: Exception, args: argparse.Namespace) -> str | None:
         return f"{args.wav}: {exc.message}"
     if isinstance(exc, websockets.InvalidURI):
         return f"--url {args.url} is not a WebSocket URL: give ws://host:port/v1/stream"
-    if isinstance(exc, websockets.InvalidStatus):
-        status = exc.response.status_code
-        if status in (401, 403):
-            return (
-                f"the gateway refused the connection ({status}): set VA_API_KEY to an API key "
-                "or client token (docs/auth.md)"
-            )
-        return f"the gateway refused the connection with HTTP {status} ({args.url})"
+    if (refused := refusal(exc, args.url, key)) is not None:
+        return refused
     if isinstance(exc, NoAnswer):
         return (
             f"no complete answer within {args.timeout:g} s: did {args.wav} hold speech? "
