@@ -29,6 +29,7 @@ from services.tts.engines.base import LibraryVoice, SpeechRequest, TtsEngine
 from services.tts.engines.chatterbox import REQUIRED_FILES, ChatterboxEngine
 from services.tts.engines.chatterbox_backend import Sampling
 from services.tts.settings import ChatterboxSettings
+from tests.turns import TakingTurns
 
 RATE = 24000
 PER_TOKEN = 960
@@ -330,19 +331,8 @@ def test_concurrent_streams_interleave_token_by_token(models_dir: Path) -> None:
     lock's, not the OS scheduler's: a stream descheduled for a few steps took several in a
     row before (1 run in 20 on a loaded machine)."""
     engine, backend = make(models_dir)
-    running = [2]
-    guard = threading.Lock()
-
-    def hold() -> None:
-        deadline = time.monotonic() + 30
-        while engine._gpu.waiting() < 2:
-            with guard:
-                if running[0] < 2:
-                    return
-            assert time.monotonic() < deadline, "the other stream never asked for a turn"
-            time.sleep(0.0002)
-
-    backend.hold = hold
+    turns = TakingTurns(engine._gpu)
+    backend.hold = turns.hold
     start = threading.Barrier(2)
 
     def run(text: str) -> None:
@@ -350,8 +340,7 @@ def test_concurrent_streams_interleave_token_by_token(models_dir: Path) -> None:
         try:
             audio(engine, text)
         finally:
-            with guard:
-                running[0] -= 1
+            turns.done()
 
     threads = [threading.Thread(target=run, args=(t * 20,)) for t in "ab"]
     for thread in threads:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from services.tts.engines.streaming import CrossFader, FairLock, Segment, TokenChunker, fade_in
+from tests.turns import TakingTurns
 
 
 def segments(chunker: TokenChunker, count: int) -> list[Segment]:
@@ -120,8 +121,7 @@ def test_fair_lock_alternates_two_busy_threads() -> None:
     is kept until the other thread waits (or is done): the order is the lock's alone."""
     lock = FairLock()
     order: list[str] = []
-    running = [2]
-    guard = threading.Lock()
+    turns = TakingTurns(lock)
     start = threading.Barrier(2)
 
     def worker(name: str) -> None:
@@ -129,15 +129,8 @@ def test_fair_lock_alternates_two_busy_threads() -> None:
         for _ in range(30):
             with lock:
                 order.append(name)
-                deadline = time.monotonic() + 30
-                while lock.waiting() < 2:
-                    with guard:
-                        if running[0] < 2:
-                            break
-                    assert time.monotonic() < deadline
-                    time.sleep(0.0002)
-        with guard:
-            running[0] -= 1
+                turns.hold()
+        turns.done()
 
     threads = [threading.Thread(target=worker, args=(n,)) for n in "ab"]
     for thread in threads:
