@@ -289,11 +289,13 @@ def create_app(
         config = token_settings(config, principal.session, agents)
         history: list[Turn] = []
         resumed_notice: str | None = None
-        if restored is not None and restored[0].id in sessions:
-            restored = await take_over(restored[0].id, principal.tenant)
-        if restored is not None and restored[0].id not in sessions:
-            with contextlib.suppress(Forbidden):  # `admit` checked the tenant already
-                restored = await store.claim(restored[0].id, principal.tenant, restored)
+        if restored is not None:
+            resumed_id = restored[0].id
+            if resumed_id in sessions and not await take_over(resumed_id):
+                restored = None
+            else:  # this process now writes it, and gets it as its last writer left it
+                with contextlib.suppress(Forbidden):  # `admit` checked the tenant already
+                    restored = await store.claim(resumed_id, principal.tenant, restored)
         if restored is not None and restored[0].id not in sessions:
             config, history = restored
             config = config.model_copy(update={"resumed": True})
@@ -342,22 +344,22 @@ def create_app(
                 metrics.SESSIONS.dec()
                 state.connection_closed()
 
-    async def take_over(session_id: str, tenant: str) -> Restored:
+    async def take_over(session_id: str) -> bool:
         """A reconnect with the id of a session still open here (its client's network
         changed before this side saw the old socket die): the old connection is closed and
-        its session saved, then loaded for the new one. None (a new session) when it does
-        not end in time."""
+        its session saved, for the new one to claim. False (a new session) when it does not
+        end in time."""
         old, ended = sessions.get(session_id), session_ended.get(session_id)
         if old is None or ended is None:
-            return None
+            return False
         log.info("session %s resumed on another connection: the old one is closed", session_id)
         await old.take_over()
         try:
             await asyncio.wait_for(ended.wait(), TAKE_OVER_S)
         except TimeoutError:
             log.warning("session %s did not end in %.0f s: a new session", session_id, TAKE_OVER_S)
-            return None
-        return await store.load(session_id, tenant)
+            return False
+        return True
 
     async def new_session(
         ws: WebSocket,
