@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from services.common.auth.limits import seconds_to_midnight_utc
 from services.common.bus.settings import RedisSettings
 from services.common.service.settings import Profile
 from services.ops.redis_server import free_port, start_redis
@@ -51,6 +53,16 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProc
     server = RedisProc(port, start_redis(port, tmp_path_factory.mktemp("redis")))
     yield server
     server.stop()
+
+
+@pytest.fixture
+def one_utc_day() -> None:
+    """For a test that charges a daily audio quota and reads it back: it starts at least a
+    minute before 00:00 UTC (it waits past midnight otherwise), so all it charges falls on
+    one day's counter, whatever time the suite runs at."""
+    left = seconds_to_midnight_utc()
+    if left < 60:
+        time.sleep(left + 1)
 
 
 @dataclass

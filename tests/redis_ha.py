@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -22,7 +20,7 @@ from typing import Any
 
 import redis
 
-from services.ops.redis_server import free_port, reachable, redis_binary
+from services.ops.redis_server import free_port, reachable, redis_binary, reserve
 
 MASTER_NAME = "mymaster"
 
@@ -91,19 +89,12 @@ class _Procs:
                 proc.wait(timeout=10)
 
 
-def cluster_port(taken: set[int]) -> int:
-    """A free port whose cluster bus port (+10000) is free and valid too."""
-    for _ in range(1000):
-        port = random.randint(20000, 45000)
-        if port in taken or port + 10000 in taken:
-            continue
-        try:
-            for candidate in (port, port + 10000):
-                with socket.socket() as sock:
-                    sock.bind(("127.0.0.1", candidate))
-        except OSError:
-            continue
-        return port
+def cluster_port() -> int:
+    """A free port whose cluster bus port (+10000) is free too."""
+    for _ in range(200):
+        port = free_port()
+        if reserve(port + 10000):
+            return port
     raise RuntimeError("no free port pair for a cluster node")
 
 
@@ -206,7 +197,7 @@ class ClusterSet:
         self.node_timeout_ms = node_timeout_ms
         self.ports: list[int] = []
         for _ in range(6):
-            self.ports.append(cluster_port(set(self.ports)))
+            self.ports.append(cluster_port())
 
     @property
     def url(self) -> str:

@@ -5,6 +5,7 @@ Used by `voice-agent up` (`make run`) and by the tests, which start their own on
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import socket
 import subprocess
@@ -50,12 +51,45 @@ def _accepts(host: str, port: int, timeout: float) -> bool:
         return False
 
 
+def _ephemeral_low() -> int:
+    """Where the kernel starts the ports it gives outgoing connections (Linux: 32768)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port nothing listens on right now."""
+    """A TCP port nothing listens on right now, for a server started next.
+
+    Not one the kernel hands out itself (`bind(0)`): such a port is in the ephemeral
+    range, where any outgoing connection made before the server binds may take it, and a
+    second call could be given the same port again. So: a random port below that range,
+    that binds, and that this process has not handed out before."""
+    high = min(_ephemeral_low(), 65536) - 1
+    low = max(1024, high - 12000)
+    for _ in range(200):
+        port = low + secrets.randbelow(high - low + 1)
+        if reserve(port):
+            return port
+    raise OSError(f"no free TCP port in {low}..{high}")
+
+
+def reserve(port: int) -> bool:
+    """Whether `port` binds now and was not handed out before in this process (it is
+    then handed out)."""
+    if port in _handed_out:
+        return False
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    _handed_out.add(port)
+    return True
 
 
 def start_redis(port: int, workdir: Path, wait_s: float = 10.0) -> subprocess.Popen[bytes]:

@@ -13,6 +13,8 @@ from services.common.auth.limits import AudioMeter, Limiter
 from services.common.errors import QuotaExceeded
 from services.ops.redis_server import free_port, start_redis
 
+NOON = 1_764_417_600.0  # 2025-11-29 12:00 UTC
+
 
 async def test_redis_out_of_reach_costs_the_metering_not_the_session(tmp_path: Path) -> None:
     """With a quota (auth on, the default), the audio path charges Redis about once a
@@ -21,7 +23,7 @@ async def test_redis_out_of_reach_costs_the_metering_not_the_session(tmp_path: P
     port = free_port()
     proc = start_redis(port, tmp_path)
     redis = Redis(port=port, socket_connect_timeout=1, retry=Retry(NoBackoff(), 0))
-    meter = AudioMeter(Limiter(redis, "m"), "acme", quota_s=10, every_ms=1000)
+    meter = AudioMeter(Limiter(redis, "m", clock=lambda: NOON), "acme", quota_s=10, every_ms=1000)
     try:
         await meter.add_ms(1500)  # charged: 1 500 ms
         proc.kill()
@@ -35,6 +37,31 @@ async def test_redis_out_of_reach_costs_the_metering_not_the_session(tmp_path: P
         assert await meter.limiter.audio_used_ms("acme") == 4000  # type: ignore[union-attr]
         with pytest.raises(QuotaExceeded):
             await meter.add_ms(7000)
+    finally:
+        await redis.aclose()
+        proc.kill()
+        proc.wait(10)
+
+
+async def test_audio_is_charged_to_the_utc_day_of_the_limiters_clock(tmp_path: Path) -> None:
+    """The quota is per UTC day: a new day starts from nothing, and the refusal says when
+    the day ends."""
+    port = free_port()
+    proc = start_redis(port, tmp_path)
+    now = [NOON]
+    redis = Redis(port=port)
+    limiter = Limiter(redis, "m", clock=lambda: now[0])
+    try:
+        await limiter.charge_audio("acme", 1500, quota_s=2)
+        with pytest.raises(QuotaExceeded) as refused:
+            await limiter.charge_audio("acme", 1000, quota_s=2)
+        assert refused.value.retry_after_s == pytest.approx(12 * 3600)
+        now[0] = NOON + 12 * 3600 + 1  # 00:00:01 the next day
+        assert await limiter.audio_used_ms("acme") == 0
+        await limiter.check_audio("acme", quota_s=2)
+        await limiter.charge_audio("acme", 1000, quota_s=2)
+        now[0] = NOON
+        assert await limiter.audio_used_ms("acme") == 2500
     finally:
         await redis.aclose()
         proc.kill()

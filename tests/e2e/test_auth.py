@@ -344,7 +344,7 @@ async def wait_for(condition: Any, timeout_s: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
-async def test_the_daily_audio_quota(stack: AuthStack) -> None:
+async def test_the_daily_audio_quota(stack: AuthStack, one_utc_day: None) -> None:
     _, key = await new_key(stack.redis, "smallco", audio_seconds_per_day=2)
     url = stack.url("/v1/stream")
     second = np.zeros(16000, np.int16).tobytes()
@@ -412,7 +412,9 @@ def test_the_openai_sdk_authenticates_with_a_key(stack: AuthStack) -> None:
         refused.audio.speech.create(model="tts-1", voice="alloy", input="hello there")
 
 
-async def test_the_asr_stream_closes_when_the_quota_runs_out(stack: AuthStack) -> None:
+async def test_the_asr_stream_closes_when_the_quota_runs_out(
+    stack: AuthStack, one_utc_day: None
+) -> None:
     _, key = await new_key(stack.redis, "tinyco", audio_seconds_per_day=1)
     frame = np.zeros(320, np.int16).tobytes()  # 20 ms
     async with session(stack.url("/v1/stream/asr"), additional_headers=bearer(key)) as (ws, _):

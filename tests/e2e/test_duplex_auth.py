@@ -57,6 +57,7 @@ def _bearer(credential: str) -> dict[str, str]:
 
 async def test_a_tenant_with_one_session_gets_it_and_its_audio_counts_once(
     stack: DuplexStack,
+    one_utc_day: None,
 ) -> None:
     redis = stack.redis
     _, key = await new_key(redis, "onesession", sessions=1)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Final
 
 from redis.asyncio import Redis
@@ -54,20 +55,18 @@ LEASE_S: Final = 60
 """A live session's lease; its holder renews it every third of that."""
 
 
-def _day() -> str:
-    return time.strftime("%Y%m%d", time.gmtime())
-
-
-def seconds_to_midnight_utc() -> float:
-    return 86_400 - time.time() % 86_400
+def seconds_to_midnight_utc(now: float | None = None) -> float:
+    return 86_400 - (time.time() if now is None else now) % 86_400
 
 
 class Limiter:
     """The shared counters of one deployment (`prefix`)."""
 
-    def __init__(self, redis: Redis, prefix: str) -> None:
+    def __init__(self, redis: Redis, prefix: str, clock: Callable[[], float] = time.time) -> None:
         self.redis = redis
         self.prefix = prefix
+        self.clock = clock
+        """Seconds since the epoch: which UTC day audio is charged to."""
         self.keys = Keys(prefix)
         self._window = redis.register_script(_WINDOW)
         self._acquire = redis.register_script(_ACQUIRE)
@@ -110,7 +109,7 @@ class Limiter:
         return int(await self.redis.zcard(self._live(tenant)))
 
     def _audio(self, tenant: str) -> str:
-        return self.keys.audio_used(tenant, _day())
+        return self.keys.audio_used(tenant, time.strftime("%Y%m%d", time.gmtime(self.clock())))
 
     async def audio_used_ms(self, tenant: str) -> int:
         return int(await self.redis.get(self._audio(tenant)) or 0)
@@ -128,9 +127,8 @@ class Limiter:
         if used > quota_s * 1000:
             raise self._quota_error(quota_s)
 
-    @staticmethod
-    def _quota_error(quota_s: int) -> QuotaExceeded:
-        wait = seconds_to_midnight_utc()
+    def _quota_error(self, quota_s: int) -> QuotaExceeded:
+        wait = seconds_to_midnight_utc(self.clock())
         return QuotaExceeded(
             f"the daily audio quota ({quota_s} s) is used up; it resets at 00:00 UTC "
             f"(in {int(wait)} s)",
