@@ -31,7 +31,7 @@ from openai import AsyncOpenAI
 from pydantic import BaseModel, Field, SecretStr
 
 from services.common.auth.redact import redact_url, redact_urls
-from services.common.errors import AgentFailed
+from services.common.errors import AgentFailed, InvalidMessage
 from services.common.protocol.events import ToolChoice, ToolSpec
 from services.gateway import metrics
 from services.gateway.agent import (
@@ -259,6 +259,13 @@ class OpenAiAgent:
         specs = [t.spec() for t in self.tools.values()]
         specs += [_client_spec(t) for t in client_tools.tools] if client_tools else []
         choice: ToolChoice = client_tools.choice if client_tools else "auto"
+        named = getattr(choice, "name", None)
+        if named is not None and named not in self.tools and named not in theirs:
+            # the LLM server's 400 would say the same, after a request, in its own words
+            raise InvalidMessage(
+                f"tool_choice names the function {named!r}, which is not one of the "
+                "session's tools nor the agent's"
+            )
         settings = self.settings
         limits = ToolLimits(
             settings.tool_timeout_s,

@@ -12,8 +12,8 @@ import pytest
 from pydantic import Field
 
 from benchmarks.llm_server import LlmServer, Script, ToolRule
-from services.common.errors import AgentFailed
-from services.common.protocol.events import ToolSpec
+from services.common.errors import AgentFailed, InvalidMessage
+from services.common.protocol.events import FunctionChoice, ToolSpec
 from services.gateway.agent import (
     AgentContext,
     ClientTools,
@@ -320,6 +320,33 @@ async def test_a_client_tool_call_ends_the_reply(llm: tuple[LlmServer, ServerThr
     assert (
         sent["tool_choice"] == "required" and sent["tools"][0]["function"]["name"] == "get_weather"
     )
+
+
+async def test_a_tool_choice_naming_no_tool_is_refused_before_any_request(
+    llm: tuple[LlmServer, ServerThread],
+) -> None:
+    server, thread = llm
+    spec = ToolSpec(name="get_weather", description="d", parameters=get_weather.parameters)
+    llm_endpoint = endpoint(thread)
+    before = len(server.requests)
+    try:
+        with pytest.raises(InvalidMessage, match="'get_time'"):
+            async for _ in OpenAiAgent(llm_endpoint).respond(
+                [Turn("user", "what time is it?")],
+                None,
+                ClientTools((spec,), FunctionChoice(name="get_time")),
+            ):
+                pass
+        served = OpenAiAgent(llm_endpoint, tools=[get_weather]).respond(
+            [Turn("user", "weather in Paris?")],
+            None,
+            ClientTools((), FunctionChoice(name="get_weather")),
+        )
+        items = [item async for item in served]
+        assert any(isinstance(i, ToolsAnswered) for i in items)  # the agent's own tool ran
+    finally:
+        await llm_endpoint.aclose()
+    assert len(server.requests) == before + 2
 
 
 def test_history_pairs_each_call_with_its_result() -> None:
