@@ -6,6 +6,7 @@ Used by `voice-agent client`, the end-to-end tests and the benchmarks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import wave
@@ -28,6 +29,18 @@ from services.common.audio.pcm import (
     resample,
     speech_end,
 )
+
+
+class SessionRefused(Exception):
+    """The gateway closed the connection or sent an `error` instead of `session.created`
+    (draining or full: `capacity`, a used-up quota, a refused credential...)."""
+
+    def __init__(self, message: str, code: str | None = None, close_code: int | None = None):
+        super().__init__(message)
+        self.code = code
+        """The `error` event's code, when one came."""
+        self.close_code = close_code
+        """The WebSocket close code, when the connection closed (1013: at capacity)."""
 
 
 class NoAnswer(TimeoutError):
@@ -152,14 +165,42 @@ class StreamClient:
             open_timeout=self.open_timeout_s,
             **tls,
         )
-        created = json.loads(await self.ws.recv())
-        if created.get("type") != "session.created":
-            raise RuntimeError(f"expected session.created, got {created}")
+        created = await self._first_message()
         self.session = created["session"]
         self.notice: str | None = created.get("notice")
         """Why the session is not what one might expect (e.g. no LLM: `echo` answers)."""
         self._reader = asyncio.create_task(self._read(), name="client-reader")
         return self
+
+    async def _first_message(self) -> dict[str, Any]:
+        """`session.created`; SessionRefused for anything else (the connection is closed)."""
+        try:
+            first = await self.ws.recv()
+        except websockets.ConnectionClosed as exc:
+            close = exc.rcvd
+            code = None if close is None else close.code
+            reason = close.reason if close is not None and close.reason else "no reason given"
+            raise SessionRefused(
+                f"the gateway closed the connection ({code}: {reason})", close_code=code
+            ) from None
+        try:
+            message = json.loads(first)
+        except (TypeError, ValueError):
+            message = None
+        if isinstance(message, dict) and message.get("type") == "session.created":
+            return message
+        with contextlib.suppress(TimeoutError):  # the gateway closes after its error
+            await asyncio.wait_for(self.ws.wait_closed(), 2)
+        await self.ws.close()
+        if isinstance(message, dict) and message.get("type") == "error":
+            raise SessionRefused(
+                f"the gateway refused the session: {message.get('message', message)}",
+                code=message.get("code"),
+                close_code=self.ws.close_code,
+            )
+        raise SessionRefused(
+            f"not a voice-agent stream: its first message was {str(first)[:200]!r}"
+        )
 
     async def __aexit__(self, *_: object) -> None:
         if self._reader is not None:
