@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from typing import Annotated, Any, Final
+from collections.abc import Coroutine
+from typing import Annotated, Any, Final, TypeVar
 
 import numpy as np
 from fastapi import APIRouter, File, Form, Request, UploadFile
@@ -30,9 +31,13 @@ from services.common.audio.pcm import decode_file_rate
 from services.common.auth.guard import meter_of
 from services.common.errors import InvalidMessage, UnknownModel, UploadTooLarge
 
+T = TypeVar("T")
+
 BATCHED_MAX_S = 30.0
 """Longest upload the batched path takes (Whisper's window): longer ones are decoded whole."""
 GRANULARITIES = frozenset({"word", "segment"})
+CLIENT_CLOSED = 499
+"""The status of a request whose client hung up before its answer (nginx's; never sent)."""
 
 
 class ModelNotFound(UnknownModel):
@@ -79,9 +84,14 @@ def router(models: AsrModels, max_upload_bytes: int, max_file_s: float) -> APIRo
         await meter.add_ms(1000 * audio.size / rate)
         await meter.flush()
         whole = dataclasses.replace(asked, audio=audio, source_rate=source_rate)
-        async with models.use(name) as batcher:
-            result = await _run(batcher, whole, fmt, audio.size / rate)
         door = "translations" if asked.task == "translate" else "transcriptions"
+        async with models.use(name) as batcher:
+            served, result = await _unless_gone(
+                request, _run(batcher, whole, fmt, audio.size / rate)
+            )
+        if not served:  # the client hung up: its work stopped, nobody reads an answer
+            metrics.REQUESTS.labels("asr", door, "cancelled").inc()
+            return Response(status_code=CLIENT_CLOSED)
         metrics.REQUEST_DURATION.labels("asr", door).observe(time.perf_counter() - started)
         metrics.REQUESTS.labels("asr", door, "ok").inc()
         return render(result, fmt, asked.task, granularities)  # type: ignore[arg-type]
@@ -162,3 +172,30 @@ async def _run(
             "ask for json or text"
         )
     return await batcher.run_alone(engine.file_steps(request))
+
+
+async def _unless_gone(request: Request, work: Coroutine[Any, Any, T]) -> tuple[bool, T | None]:
+    """(True, `work`'s result), or (False, None) once the client hangs up first: `work` is
+    cancelled then (the batcher drops an utterance still waiting, and stops a file at its
+    next step). The server never cancels a handler whose client left: this watches."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_hung_up(request))
+    try:
+        done, _ = await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        raise
+    finally:
+        gone.cancel()
+    if task in done:
+        return True, task.result()
+    task.cancel()
+    await asyncio.wait((task,))  # its batcher and model are let go before the answer
+    return False, None
+
+
+async def _hung_up(request: Request) -> None:
+    """Return once the client has hung up. Its body is read by now: all the server has
+    left to tell is `http.disconnect` (also when the response is complete)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

@@ -4,12 +4,22 @@ Speculative finals: at a pause (`VA_VAD__PAUSE_MS`, before the silence that ends
 the audio so far goes to the model at once. If the segment then ends with no more speech,
 that transcription is the segment's final (the same audio, so the same text), and the wait
 for it overlapped the rest of the silence; if the user went on, it is dropped (counted
-as wasted in `va_asr_speculative_total`)."""
+as wasted in `va_asr_speculative_total`).
+
+Finals go out in segment order through one sender per connection, and at most
+`MAX_PENDING_FINALS` of them wait at a time: a `commit` beyond that is refused with a
+non-fatal `capacity` error (nothing changes), a segment the VAD ends beyond it gets that
+error instead of its final. `speech.started` and errors are sent by the receive loop
+itself (partials one at a time): a client that sends but does not read is held back by
+TCP, never by the server's memory."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
+from collections import deque
+from dataclasses import dataclass
 
 from fastapi import WebSocket
 
@@ -23,7 +33,12 @@ from services.common.audio.vad import VadSettings
 from services.common.auth.credentials import app_subprotocol
 from services.common.auth.guard import meter_of
 from services.common.auth.limits import NO_METER
-from services.common.errors import UnsupportedSampleRate, VoiceAgentError
+from services.common.errors import (
+    CapacityError,
+    InternalError,
+    UnsupportedSampleRate,
+    VoiceAgentError,
+)
 from services.common.protocol.events import (
     ASR_CLIENT_EVENTS,
     AsrClose,
@@ -35,6 +50,22 @@ from services.common.protocol.events import (
 )
 from services.common.service.routes import ServiceState
 from services.common.service.ws import Channel, Disconnected
+
+log = logging.getLogger(__name__)
+
+MAX_PENDING_FINALS = 64
+"""Finals a connection may have on their way (being transcribed, or waiting for an earlier
+one) before a `commit` is refused with `capacity`."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Final:
+    """A final on its way: its transcription (None: an empty final, nothing to hear)."""
+
+    segment_id: str
+    start_ms: int
+    end_ms: int
+    work: asyncio.Task[Transcript | VoiceAgentError] | None
 
 
 class AsrStream:
@@ -49,6 +80,7 @@ class AsrStream:
         partials: bool,
         partial_interval_ms: int,
         speculate: bool = True,
+        max_pending_finals: int = MAX_PENDING_FINALS,
     ) -> None:
         self.channel = channel
         self.meter = NO_METER
@@ -64,54 +96,65 @@ class AsrStream:
         self.segment_id = ""
         self._partial_task: asyncio.Task[None] | None = None
         self._last_partial_ms = 0
-        self._last_final: asyncio.Task[None] | None = None
-        """The latest segment's final: each final goes out after the one before it."""
+        self.max_pending_finals = max_pending_finals
+        self._finals: deque[_Final] = deque()
+        """The finals on their way, in segment order; the first is the one being sent."""
+        self._finals_added = asyncio.Event()
+        self._closing = False
+        """The client closed: the sender of finals ends once it has sent them all."""
 
     async def serve(self, tasks: asyncio.TaskGroup) -> None:
         await self.channel.send(AsrReady(sample_rate=self.listener.input_rate))
-        while True:
-            frame = await self.channel.receive()
-            try:
-                if frame.data is not None:
-                    await self.meter.add_pcm16(len(frame.data), self.listener.input_rate)
-                    self._on_events(await self.listener.push_batched(frame.data), tasks)
-                    self._maybe_partial(tasks)
-                    continue
-                message = parse(ASR_CLIENT_EVENTS, frame.text or "")
-                if isinstance(message, AsrClose):
-                    self._on_end(self.listener.commit(), tasks)
-                    return
-                self._commit(tasks)
-            except VoiceAgentError as exc:
-                if exc.fatal:
-                    raise
-                await self.channel.send_error(exc)
+        tasks.create_task(self._send_finals(), name="asr-finals")
+        try:
+            while True:
+                frame = await self.channel.receive()
+                try:
+                    if frame.data is not None:
+                        await self.meter.add_pcm16(len(frame.data), self.listener.input_rate)
+                        events = await self.listener.push_batched(frame.data)
+                        await self._on_events(events, tasks)
+                        self._maybe_partial(tasks)
+                        continue
+                    message = parse(ASR_CLIENT_EVENTS, frame.text or "")
+                    if isinstance(message, AsrClose):
+                        await self._on_end(self.listener.commit(), tasks, last=True)
+                        return
+                    await self._commit(tasks)
+                except VoiceAgentError as exc:
+                    if exc.fatal:
+                        raise
+                    await self.channel.send_error(exc)
+        finally:
+            self._closing = True
+            self._finals_added.set()
 
-    def _on_events(self, events: list[TurnEvent], tasks: asyncio.TaskGroup) -> None:
+    async def _on_events(self, events: list[TurnEvent], tasks: asyncio.TaskGroup) -> None:
         for event in events:
             if isinstance(event, SpeechPause):
                 self._speculate(event, tasks)
             elif isinstance(event, SpeechStart):
                 self.segment_id = _new_segment_id()
                 self._last_partial_ms = event.start_ms
-                tasks.create_task(
-                    self.channel.send(
-                        SegmentStarted(segment_id=self.segment_id, start_ms=event.start_ms)
-                    )
+                await self.channel.send(
+                    SegmentStarted(segment_id=self.segment_id, start_ms=event.start_ms)
                 )
             else:
-                self._on_end(event, tasks)
+                await self._on_end(event, tasks)
 
-    def _commit(self, tasks: asyncio.TaskGroup) -> None:
+    async def _commit(self, tasks: asyncio.TaskGroup) -> None:
         """Finalize the open segment; with none, answer with an empty final all the same
-        (after the finals still on their way), so a client waiting for one never waits."""
+        (after the finals still on their way), so a client waiting for one never waits.
+        With `max_pending_finals` on their way, refuse it (`capacity`): nothing changes."""
+        if self._full():
+            await self.channel.send_error(self._refusal("commit refused"), fatal=False)
+            return
         end = self.listener.commit()
         if end is not None:
-            self._on_end(end, tasks)
+            await self._on_end(end, tasks)
             return
         now = self.listener.segmenter.position_ms
-        empty = SegmentFinal(segment_id=_new_segment_id(), text="", start_ms=now, end_ms=now)
-        self._last_final = tasks.create_task(self._send_after(self._last_final, empty))
+        self._queue(_Final(_new_segment_id(), now, now, None))
 
     def _speculate(self, pause: SpeechPause, tasks: asyncio.TaskGroup) -> None:
         """Transcribe the paused audio now; an earlier pause's work is wasted."""
@@ -128,51 +171,85 @@ class AsrStream:
             ASR_SPECULATIVE.labels("wasted").inc()
 
     async def _transcribe(self, audio: AudioF32) -> Transcript | VoiceAgentError:
+        """The segment's transcript, or the error that lost it (the stream goes on)."""
         try:
             item = AsrInput(audio, self.language, self.listener.input_rate)
             return await self.batcher.transcribe(item)
         except VoiceAgentError as exc:
             return exc
+        except Exception as exc:  # the model call failed (CUDA out of memory, a bug)
+            log.exception("ASR stream: a segment's transcription failed")
+            return InternalError.of(exc)
 
-    def _on_end(self, end: SpeechEnd | None, tasks: asyncio.TaskGroup) -> None:
+    async def _on_end(
+        self, end: SpeechEnd | None, tasks: asyncio.TaskGroup, last: bool = False
+    ) -> None:
+        """Queue the segment's final; with `max_pending_finals` on their way it is lost
+        (a `capacity` error with its id), unless it is the `last` (the client closes)."""
         if end is None:
+            return
+        segment_id = self.segment_id or _new_segment_id()
+        self.segment_id = ""
+        if self._full() and not last:
+            self._drop_speculation()
+            await self.channel.send_error(
+                self._refusal("segment not transcribed"), segment_id, fatal=False
+            )
             return
         speculative = None
         if self._speculation is not None and end.ends_pause(self._speculation[0]):
             speculative, self._speculation = self._speculation[1], None
             ASR_SPECULATIVE.labels("used").inc()
         self._drop_speculation()
-        segment_id = self.segment_id or _new_segment_id()
-        self.segment_id = ""
-        work = speculative or tasks.create_task(self._transcribe(end.audio))
-        final = self._final(segment_id, end, work, self._last_final)
-        self._last_final = tasks.create_task(final, name=f"final-{segment_id}")
+        work = speculative or tasks.create_task(
+            self._transcribe(end.audio), name=f"final-{segment_id}"
+        )
+        self._queue(_Final(segment_id, end.start_ms, end.end_ms, work))
 
-    async def _final(
-        self,
-        segment_id: str,
-        end: SpeechEnd,
-        work: asyncio.Task[Transcript | VoiceAgentError],
-        before: asyncio.Task[None] | None,
-    ) -> None:
-        transcript = await work
-        if isinstance(transcript, VoiceAgentError):  # this segment is lost; the stream goes on
-            if before is not None:
-                await before
-            await self.channel.send_error(transcript, segment_id, fatal=False)
+    def _full(self) -> bool:
+        return len(self._finals) >= self.max_pending_finals
+
+    def _refusal(self, what: str) -> CapacityError:
+        return CapacityError(
+            f"{what}: {self.max_pending_finals} finals are already on their way on this "
+            "connection; read them first"
+        )
+
+    def _queue(self, final: _Final) -> None:
+        self._finals.append(final)
+        self._finals_added.set()
+
+    async def _send_finals(self) -> None:
+        """The one sender of finals: each in segment order once transcribed (a lost
+        segment's error in its place). It ends when the client has closed and all are sent."""
+        while True:
+            if not self._finals:
+                if self._closing:
+                    return
+                self._finals_added.clear()
+                await self._finals_added.wait()
+                continue
+            await self._send_final(self._finals[0])
+            self._finals.popleft()
+
+    async def _send_final(self, final: _Final) -> None:
+        if final.work is None:
+            empty = SegmentFinal(
+                segment_id=final.segment_id, text="", start_ms=final.start_ms, end_ms=final.end_ms
+            )
+            await self.channel.send(empty)
             return
-        final = SegmentFinal(
-            segment_id=segment_id,
+        transcript = await final.work
+        if isinstance(transcript, VoiceAgentError):  # this segment is lost; the stream goes on
+            await self.channel.send_error(transcript, final.segment_id, fatal=False)
+            return
+        event = SegmentFinal(
+            segment_id=final.segment_id,
             text=transcript.text,
-            start_ms=end.start_ms,
-            end_ms=end.end_ms,
+            start_ms=final.start_ms,
+            end_ms=final.end_ms,
             language=transcript.language,
         )
-        await self._send_after(before, final)
-
-    async def _send_after(self, before: asyncio.Task[None] | None, event: SegmentFinal) -> None:
-        if before is not None:
-            await before
         await self.channel.send(event)
 
     def _maybe_partial(self, tasks: asyncio.TaskGroup) -> None:
@@ -192,6 +269,9 @@ class AsrStream:
             transcript = await self.batcher.transcribe(audio, mode="partial")
         except VoiceAgentError:
             return  # partials are droppable
+        except Exception:  # the model call failed: the final's own error tells the client
+            log.warning("ASR stream: a partial's transcription failed", exc_info=True)
+            return
         if segment_id == self.segment_id and transcript.text:
             await self.channel.send(SegmentPartial(segment_id=segment_id, text=transcript.text))
 
@@ -234,6 +314,10 @@ async def serve_asr_stream(
             pass
         except* VoiceAgentError as group:
             fatal = group.exceptions[0]  # type: ignore[assignment]
+        except* Exception as group:  # a bug: the client is told its kind, the log the rest
+            failure = group.exceptions[0]
+            log.error("ASR stream failed", exc_info=failure)
+            fatal = InternalError.of(failure)
         if fatal is not None:
             await channel.fail(fatal)
         else:

@@ -24,7 +24,7 @@ REQUEST_DURATION = Histogram(
 )
 REQUESTS = Counter(
     "va_requests_total",
-    "Requests and jobs served, by service, route and outcome (ok or error).",
+    "Requests and jobs served, by service, route and outcome (ok, error or cancelled).",
     ["service", "route", "outcome"],
 )
 REST_ROUTES: Final[Mapping[tuple[str, str], str]] = {

@@ -1,6 +1,7 @@
 """`va_requests_total` counts each REST request once, with its outcome: `ok` where it is
 served, `error` for whatever error it gets back (a bad upload, a refused field, a stream that
-breaks after its first audio). The error-rate alert divides the errors by it."""
+breaks after its first audio); `cancelled` where the client hung up first
+(tests/e2e/test_asr_faults.py). The error-rate alert divides the errors by it."""
 
 from __future__ import annotations
 
