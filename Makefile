@@ -21,7 +21,7 @@ install-lite: $(VENV)/.lite-installed $(SMART_TURN)
 install-tests: $(VENV)/.tests-installed
 
 $(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); exit 1; }
 	$(PIP) install -q --upgrade pip
 
 $(VENV)/.lite-installed: pyproject.toml | $(BIN)/python

@@ -43,6 +43,27 @@ class SessionRefused(Exception):
         """The WebSocket close code, when the connection closed (1013: at capacity)."""
 
 
+class SessionClosed(Exception):
+    """The gateway closed a session after `session.created` (1012: it is draining, and the
+    session resumes with its id; 1008: a limit or quota; 1011: it failed; 1013: overloaded)."""
+
+    def __init__(self, session_id: str, close_code: int | None, reason: str) -> None:
+        shown = f"{close_code}: {reason}" if reason else str(close_code)
+        super().__init__(f"the gateway closed session {session_id} ({shown})")
+        self.session_id = session_id
+        self.close_code = close_code
+        self.reason = reason
+
+
+class ReplyNotSaved(Exception):
+    """The agent's audio could not be written where it was asked to go."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"cannot write {path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
 class NoAnswer(TimeoutError):
     """The event waited for did not come in time (the session goes on)."""
 
@@ -109,8 +130,10 @@ def read_audio(path: Path) -> tuple[AudioF32, int]:
 
 
 def write_wav(path: Path, pcm16: bytes, rate: int) -> None:
-    """Write mono PCM16 bytes as a wav file."""
-    with wave.open(str(path), "wb") as wav:
+    """Write mono PCM16 bytes as a wav file (OSError when the file cannot be made)."""
+    # the file is opened first: `wave.open(name)` failing to open it leaves a half-built
+    # writer whose __del__ prints a second traceback ("Exception ignored in ... Wave_write")
+    with path.open("wb") as file, wave.open(file, "wb") as wav:
         wav.setnchannels(1)
         wav.setsampwidth(2)
         wav.setframerate(rate)
@@ -361,16 +384,49 @@ async def talk(
     async with StreamClient(url, on_event=show, api_key=api_key) as client:
         created: dict[str, Any] = {"type": "session.created", "session": client.session}
         show(created if client.notice is None else {**created, "notice": client.notice})
-        client.new_turn()
-        received = await client.speak(audio, rate)
-        await client.silence_until("response.done", timeout_s)
+        try:
+            received = await _one_turn(client, audio, rate, timeout_s)
+        except websockets.ConnectionClosed as exc:
+            raise _ended(client, exc) from None
+        except TimeoutError:
+            if not client.closed.is_set():
+                raise  # a real timeout, on a session still open
+            raise _ended(client, None) from None
         if out is not None:
-            write_wav(out, bytes(received.audio), client.output_rate)
-            print(f"saved {len(received.audio) // 2} samples of agent audio to {out}", flush=True)
+            _save(out, bytes(received.audio), client.output_rate)
         if received.voice_to_voice_ms is not None:
             print(
                 f"voice-to-voice: {received.voice_to_voice_ms:.0f} ms (from the end of the speech)",
                 flush=True,
             )
-        await client.send({"type": "session.close"})
+        with contextlib.suppress(websockets.ConnectionClosed):  # it may have ended it already
+            await client.send({"type": "session.close"})
         return received
+
+
+async def _one_turn(client: StreamClient, audio: AudioF32, rate: int, timeout_s: float) -> Received:
+    """Speak `audio`, then stream silence until the agent's response is done."""
+    client.new_turn()
+    received = await client.speak(audio, rate)
+    await client.silence_until("response.done", timeout_s)
+    return received
+
+
+def _ended(client: StreamClient, exc: websockets.ConnectionClosed | None) -> SessionClosed:
+    """How the gateway ended `client`'s session: the close frame it sent (1006 when none
+    came), from `exc` or, once the reader saw the end, from the connection."""
+    session_id = str(client.session.get("id", "?"))
+    if exc is None:
+        return SessionClosed(session_id, client.ws.close_code, client.ws.close_reason or "")
+    if exc.rcvd is None:
+        return SessionClosed(session_id, 1006, "the connection dropped")
+    return SessionClosed(session_id, exc.rcvd.code, exc.rcvd.reason)
+
+
+def _save(out: Path, pcm16: bytes, rate: int) -> None:
+    """The reply as a wav file at `out`; ReplyNotSaved when it cannot be written."""
+    try:
+        write_wav(out, pcm16, rate)
+    except OSError as exc:
+        raise ReplyNotSaved(out, exc.strerror or str(exc)) from None
+    print(f"saved {len(pcm16) // 2} samples of agent audio to {out}", flush=True)

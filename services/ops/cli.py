@@ -31,16 +31,18 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import httpx
 from pydantic import ValidationError
 
 from services.common.auth.credentials import is_loopback
+from services.common.auth.redact import redact, redact_url
 from services.common.platform.extras import MissingExtra
 from services.common.service.settings import settings_problem
 from services.loadtest.cli import add_loadtest_command
 from services.ops.doctor import add_parser as add_doctor_command
+from services.ops.doctor_checks import duplex_python
 from services.ops.healthcheck import add_parser as add_healthcheck_arguments
 from services.ops.healthcheck import run as healthcheck_run
 from services.ops.keys import add_keys_command
@@ -67,7 +69,8 @@ def wait_ready(
                 raise SystemExit(f"{_label(proc)} exited with {proc.returncode}; see {logs}")
         for name, url in list(waiting.items()):
             try:
-                if httpx.get(f"{url}/ready", timeout=1.0).status_code == 200:
+                # trust_env=False: a proxy of the environment (HTTP_PROXY) is no way to loopback
+                if httpx.get(f"{url}/ready", timeout=1.0, trust_env=False).status_code == 200:
                     del waiting[name]
             except httpx.HTTPError:
                 pass
@@ -107,8 +110,8 @@ def _python(service: str) -> str:
     """The interpreter a service runs on: the duplex service's own environment (torch) when
     there is one (`make install-duplex`), else this one (enough for its `fake` engine; the
     moshi engines then fail at start-up naming the install)."""
-    own = Path(os.environ.get("VENV_DUPLEX", ".venv-duplex")) / "bin" / "python"
-    return str(own) if service == "duplex" and own.exists() else sys.executable
+    own = duplex_python() if service == "duplex" else None
+    return sys.executable if own is None else str(own)
 
 
 def _service_urls() -> dict[str, str]:
@@ -117,7 +120,7 @@ def _service_urls() -> dict[str, str]:
     for name in up_services():
         server = server_section(load_settings(name), name)
         host = "127.0.0.1" if server.host in ("0.0.0.0", "::") else server.host
-        urls[name] = f"http://{host}:{server.port}"
+        urls[name] = f"http://{f'[{host}]' if ':' in host else host}:{server.port}"
     return urls
 
 
@@ -137,46 +140,90 @@ def _service_env() -> dict[str, str]:
 
 
 def up(args: argparse.Namespace) -> None:
-    """Start everything, print where to connect, stop everything on Ctrl-C or SIGTERM."""
+    """Start everything, print where to connect, stop everything on Ctrl-C, SIGTERM or
+    SIGHUP (the terminal closed)."""
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGHUP, _interrupt)
     # Ctrl-C stops everything even where `up` was started with SIGINT ignored (a
     # background job of a script inherits that, and Python then keeps ignoring it)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     settings = load_settings("gateway")
     urls = _service_urls()
-    taken = _ports_in_use(urls)
-    if taken:
-        ports = f"port {taken[0]} is" if len(taken) == 1 else f"ports {', '.join(taken)} are"
-        raise SystemExit(
-            f"voice-agent up: {ports} in use: is another `voice-agent up` (`make run`) running?"
-            " Stop it, or give this one other ports with the settings named"
-        )
     procs: list[subprocess.Popen[bytes]] = []
-    if not reachable(settings.redis.url):
-        if "+" in settings.redis.url.split("://", 1)[0]:
-            raise SystemExit(f"no Sentinel/Cluster host answers at {settings.redis.url}")
-        port = int(settings.redis.url.rsplit(":", 1)[-1].split("/")[0] or 6379)
-        print(f"no Redis at {settings.redis.url}: starting one on port {port}", flush=True)
-        procs.append(start_redis(port, Path(args.state_dir) / "redis"))
-    stack = up_services()
-    env = _service_env()
+    redis: subprocess.Popen[bytes] | None = None
     try:
+        taken = _ports_in_use(urls)
+        if taken:
+            ports = f"port {taken[0]} is" if len(taken) == 1 else f"ports {', '.join(taken)} are"
+            raise SystemExit(
+                f"voice-agent up: {ports} in use: is another `voice-agent up` (`make run`) "
+                "running? Stop it, or give this one other ports with the settings named"
+            )
+        redis_port = _redis_to_start(settings.redis.url)
+        stack = up_services()
+        env = _service_env()
+        if redis_port is not None:
+            shown = redact_url(settings.redis.url)
+            print(f"no Redis at {shown}: starting one on port {redis_port}", flush=True)
+            redis = _start_redis(redis_port, Path(args.state_dir))
         if "tts" in urls:  # the gateway lists this TTS service's voices (the page's picker)
             env = {"VA_GATEWAY__TTS_URL": urls["tts"], **env}
         if "duplex" in urls:  # the gateway's sessions are this duplex service's
             env = {"VA_GATEWAY__DUPLEX_URL": urls["duplex"].replace("http://", "ws://"), **env}
         for name, service in stack.items():
             procs.append(subprocess.Popen([_python(name), "-m", service.module], env=env))
-        wait_ready(urls, procs[-len(stack) :], STARTUP_TIMEOUT_S)
+        wait_ready(urls, procs, STARTUP_TIMEOUT_S)
         print(_where(urls), flush=True)
-        while all(proc.poll() is None for proc in procs):
+        running = procs if redis is None else [*procs, redis]
+        while all(proc.poll() is None for proc in running):
             time.sleep(0.5)
-        failed = next(proc for proc in procs if proc.poll() is not None)
+        failed = next(proc for proc in running if proc.poll() is not None)
         raise SystemExit(f"{_label(failed)} exited with {failed.returncode}; stopping the others")
     except KeyboardInterrupt:
         pass
     finally:
-        _stop(procs)
+        _stop(procs, redis)
+
+
+LOCAL_REDIS_HOSTS = ("127.0.0.1", "localhost")
+"""Where `up` may start a Redis of its own (it binds 127.0.0.1)."""
+
+
+def _redis_to_start(url: str) -> int | None:
+    """The port of the Redis `up` starts: None when one answers at `url`. SystemExit when
+    `url` is bad, or when nothing answers and it is not a Redis `up` can stand in for (a
+    plain redis:// on this host, without credentials): a Redis of its own would not be
+    the one the URL means."""
+    shown = redact_url(url)
+    try:
+        if reachable(url):
+            return None
+        where = urlsplit(url)
+        port = where.port or 6379
+    except ValueError as exc:
+        print(f"voice-agent up: bad setting: VA_REDIS__URL {shown}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    local = where.scheme == "redis" and where.hostname in LOCAL_REDIS_HOSTS
+    if not local or where.username or where.password:
+        raise SystemExit(
+            f"voice-agent up: no Redis answers at {shown} (VA_REDIS__URL): start it, or unset "
+            "VA_REDIS__URL (`up` starts a Redis of its own only for redis://127.0.0.1 or "
+            "redis://localhost without a password)"
+        )
+    return port
+
+
+def _start_redis(port: int, state_dir: Path) -> subprocess.Popen[bytes]:
+    """A Redis of `up`'s own, its files under `state_dir`; SystemExit saying why not."""
+    try:
+        return start_redis(port, state_dir / "redis", own_session=True)
+    except OSError as exc:
+        if exc.filename is not None:  # the folder: a file in the way, no permission
+            problem = f"--state-dir {state_dir}: cannot use {exc.filename}: {exc.strerror}"
+            raise SystemExit(f"voice-agent up: {problem}") from None
+        raise SystemExit(f"voice-agent up: cannot start Redis: {exc}") from None
+    except RuntimeError as exc:  # it started and exited
+        raise SystemExit(f"voice-agent up: cannot start Redis: {exc}") from None
 
 
 def _where(urls: dict[str, str]) -> str:
@@ -200,12 +247,30 @@ def _where(urls: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    """Stop the services first, Redis last; kill what does not stop in time."""
-    for proc in reversed(procs):
+def _stop(procs: list[subprocess.Popen[bytes]], redis: subprocess.Popen[bytes] | None) -> None:
+    """Stop the services, then Redis (a draining gateway saves its sessions there); kill
+    what does not stop in time, and everything still running at a second Ctrl-C."""
+    everything = procs if redis is None else [*procs, redis]
+    try:
+        _terminate(procs)
+        if redis is not None:
+            _terminate([redis])
+    except KeyboardInterrupt:
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_IGN)  # nothing cuts the killing short
+        for proc in everything:
+            if proc.poll() is None:
+                proc.kill()
+        for proc in everything:
+            proc.wait()
+
+
+def _terminate(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM to each process still running, then wait for them (30 s each, then SIGKILL)."""
+    for proc in procs:
         if proc.poll() is None:
             proc.terminate()
-    for proc in reversed(procs):
+    for proc in procs:
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
@@ -224,15 +289,66 @@ def client(args: argparse.Namespace) -> None:
     from services.client.stream import talk
 
     out = Path(args.out) if args.out else None
+    if out is not None and (unwritable := _unwritable(out)) is not None:
+        print(f"voice-agent client: error: --out {out}: {unwritable}", file=sys.stderr)
+        raise SystemExit(2)
     key = api_key_from_env()
     try:
         asyncio.run(talk(args.url, Path(args.wav), out, args.timeout, key))
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None  # Ctrl-C: the shell's status for SIGINT, no traceback
     except Exception as exc:
         problem = _client_problem(exc, args, key)
         if problem is None:
             raise
-        print(f"voice-agent client: error: {problem}", file=sys.stderr)
+        print(f"voice-agent client: error: {redact(problem)}", file=sys.stderr)
         raise SystemExit(1) from None
+
+
+def _unwritable(out: Path) -> str | None:
+    """Why the reply could not be saved at `out` (None when it can): said before the turn."""
+    folder = out.parent
+    if out.is_dir():
+        return "is a folder"
+    if not folder.is_dir():
+        return f"{folder} is not a folder" if folder.exists() else f"no folder {folder}"
+    if not os.access(folder, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        return "permission denied"
+    return None
+
+
+CLOSE_HINTS = {
+    1008: "a limit or quota of this tenant (docs/auth.md)",
+    1011: "the gateway failed: see its log",
+    1012: "the gateway is restarting: try again",
+    1013: "the gateway is at capacity: try again later",
+}
+"""What a close code of the gateway's means to the user (docs/protocol.md)."""
+
+
+def _closed_problem(exc: Exception, url: str) -> str | None:
+    """A session refused, or ended by the gateway, in one line; None for anything else."""
+    from services.client.stream import SessionClosed, SessionRefused
+
+    if isinstance(exc, SessionRefused):
+        hint = CLOSE_HINTS.get(exc.close_code or 0)
+        return f"{exc}; {hint}" if hint else str(exc)
+    if not isinstance(exc, SessionClosed):
+        return None
+    resume = _with_query(url, "session_id", exc.session_id)
+    if exc.close_code == 1012:
+        return f"{exc}: the gateway is draining; resume the session with --url '{resume}'"
+    if exc.close_code == 1011:
+        return f"{exc}: the gateway failed (see its log); --url '{resume}' resumes the session"
+    hint = CLOSE_HINTS.get(exc.close_code or 0)
+    return f"{exc}: {hint}" if hint else str(exc)
+
+
+def _with_query(url: str, name: str, value: str) -> str:
+    """`url` with the query parameter `name` set to `value`."""
+    parts = urlsplit(url)
+    query = [(k, v) for k, v in parse_qsl(parts.query) if k != name] + [(name, value)]
+    return urlunsplit(parts._replace(query=urlencode(query)))
 
 
 def _client_problem(exc: Exception, args: argparse.Namespace, key: str | None) -> str | None:
@@ -240,9 +356,13 @@ def _client_problem(exc: Exception, args: argparse.Namespace, key: str | None) -
     import websockets
 
     from services.client.credentials import refusal
-    from services.client.stream import NoAnswer
+    from services.client.stream import NoAnswer, ReplyNotSaved
     from services.common.errors import VoiceAgentError
 
+    if (closed := _closed_problem(exc, args.url)) is not None:
+        return closed
+    if isinstance(exc, ReplyNotSaved):
+        return f"--out {exc.path}: {exc.reason}"
     if isinstance(exc, FileNotFoundError | IsADirectoryError | PermissionError):
         return f"cannot read {args.wav}: {exc.strerror}"
     if isinstance(exc, VoiceAgentError):  # the file is not audio
@@ -279,7 +399,11 @@ def drain(args: argparse.Namespace) -> None:
             f"{args.url.rstrip('/')}/admin/drain",
             params=params,
             timeout=args.grace + args.wait + 10.0,
+            trust_env=False,  # the gateway drains for its own host only, never via a proxy
         )
+    except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
+        print(f"voice-agent drain: error: --url {args.url}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     except httpx.HTTPError as exc:
         print(f"voice-agent drain: error: {exc!r}", file=sys.stderr)
         raise SystemExit(1) from None

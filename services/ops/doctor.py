@@ -13,7 +13,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -21,12 +21,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from services.asr.settings import AsrSettings
-from services.common.service.settings import settings_problem
+from services.common.service.settings import BaseServiceSettings, settings_problem
+from services.duplex.settings import DuplexSettings
 from services.gateway.settings import GatewaySettings
 from services.ops.deploy import NginxSite
 from services.ops.doctor_checks import (
     Check,
     check_asr_model,
+    check_duplex_model,
     check_end_of_turn,
     check_gpus,
     check_nginx_config,
@@ -34,7 +36,7 @@ from services.ops.doctor_checks import (
     check_redis,
     check_tts_model,
 )
-from services.ops.registry import load_settings
+from services.ops.registry import load_settings, server_section, up_services
 from services.tts.settings import TtsSettings
 
 DEFAULT_ENV_FILE = Path("/etc/voice-agent/voice-agent.env")
@@ -68,34 +70,54 @@ def load_env_file(path: Path, environ: MutableMapping[str, str]) -> None:
 
 
 def run_checks(options: Options) -> list[Check]:
-    """Every check, in the order an operator fixes things."""
+    """Every check of what `voice-agent up` starts with these settings (the cascade, or the
+    duplex service and its gateway: `up_services`), in the order an operator fixes things."""
     try:
-        asr = load_settings("asr")
-        tts = load_settings("tts")
-        gateway = load_settings("gateway")
+        loaded = {name: load_settings(name) for name in up_services()}
     except ValidationError as exc:
         return [Check("settings", "FAIL", settings_problem(exc), "fix the VA_... variables named")]
-    assert isinstance(asr, AsrSettings) and isinstance(tts, TtsSettings)
+    gateway = loaded["gateway"]
     assert isinstance(gateway, GatewaySettings)
+    engines = [settings for name, settings in loaded.items() if name != "gateway"]
+    checks = [check_gpus(*engines)]
+    for settings in engines:
+        if isinstance(settings, AsrSettings):
+            checks.append(check_asr_model(settings))
+        elif isinstance(settings, TtsSettings):
+            checks.append(check_tts_model(settings, options.tts_venv))
+        elif isinstance(settings, DuplexSettings):
+            checks.append(check_duplex_model(settings))
+    if gateway.gateway.backend == "cascade":  # the duplex model ends its own turns
+        checks.append(check_end_of_turn(gateway.gateway))
+    checks.append(check_redis(gateway.redis.url))
+    for name, settings in loaded.items():
+        if name != "gateway":
+            server = server_section(settings, name)
+            checks.append(check_port(name, server.host, server.port))
     ports = options.gateway_ports or (gateway.gateway.server.port,)
-    site = NginxSite(
+    checks += [check_port("gateway", gateway.gateway.server.host, port) for port in ports]
+    checks.append(check_nginx_config(_site(loaded, ports, options), options.nginx_conf))
+    return checks
+
+
+def _site(
+    loaded: Mapping[str, BaseServiceSettings], ports: tuple[int, ...], options: Options
+) -> NginxSite:
+    """The nginx site in front of these services (the template's defaults for those `up`
+    does not start)."""
+
+    def upstream(name: str, default: Sequence[str]) -> Sequence[str]:
+        if name not in loaded:
+            return default
+        return (f"127.0.0.1:{server_section(loaded[name], name).port}",)
+
+    return NginxSite(
         gateways=tuple(f"127.0.0.1:{port}" for port in ports),
-        asr=(f"127.0.0.1:{asr.asr.server.port}",),
-        tts=(f"127.0.0.1:{tts.tts.server.port}",),
+        asr=upstream("asr", NginxSite.asr),
+        tts=upstream("tts", NginxSite.tts),
         tls_cert=options.tls_cert,
         tls_key=options.tls_key,
     )
-    return [
-        check_gpus(asr, tts),
-        check_asr_model(asr),
-        check_tts_model(tts, options.tts_venv),
-        check_end_of_turn(gateway.gateway),
-        check_redis(gateway.redis.url),
-        check_port("asr", asr.asr.server.host, asr.asr.server.port),
-        check_port("tts", tts.tts.server.host, tts.tts.server.port),
-        *(check_port("gateway", gateway.gateway.server.host, port) for port in ports),
-        check_nginx_config(site, options.nginx_conf),
-    ]
 
 
 def report(checks: list[Check]) -> str:

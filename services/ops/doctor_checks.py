@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
 import shutil
 import socket
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -22,11 +24,13 @@ import httpx
 import redis
 from redis.sentinel import Sentinel
 
-from services.asr.settings import AsrSettings
+from services.asr.settings import AsrSettings, WhisperSettings
 from services.common.bus.connection import parse_url
 from services.common.errors import EngineUnavailable
 from services.common.platform import gpu
 from services.common.platform.packaged import PackagedModel, SplitModel
+from services.common.service.settings import BaseServiceSettings
+from services.duplex.settings import DuplexSettings
 from services.gateway.settings import GatewaySection
 from services.ops.deploy import (
     NginxSite,
@@ -40,6 +44,8 @@ from services.tts.settings import PiperSettings, TtsSettings
 
 Status = Literal["OK", "WARN", "FAIL"]
 LITE = "pip install 'voice-agent[lite]'"
+MOSHI_ENGINES = ("moshi", "moshi-random")
+"""The duplex engines that need torch and moshi (and a GPU, unless set to the CPU)."""
 
 
 @dataclass(frozen=True)
@@ -61,21 +67,25 @@ def _physical(gpu_setting: int | None, device_index: int) -> int:
     return device_index if gpu_setting is None else gpu_setting
 
 
-def _wanted_gpus(asr: AsrSettings, tts: TtsSettings) -> dict[str, tuple[str, int]]:
+def _wanted_gpus(services: Sequence[BaseServiceSettings]) -> dict[str, tuple[str, int]]:
     """service → (device setting, physical GPU) for each service set to use a GPU."""
     wanted: dict[str, tuple[str, int]] = {}
-    if asr.asr.engine == "faster-whisper" and asr.asr.whisper.device != "cpu":
-        whisper = asr.asr.whisper
-        wanted["asr"] = (whisper.device, _physical(whisper.gpu, whisper.device_index))
-    if tts.tts.engine == "chatterbox" and tts.tts.chatterbox.device != "cpu":
-        box = tts.tts.chatterbox
-        wanted["tts"] = (box.device, _physical(box.gpu, box.device_index))
-    return wanted
+    for settings in services:
+        if isinstance(settings, AsrSettings) and settings.asr.engine == "faster-whisper":
+            whisper = settings.asr.whisper
+            wanted["asr"] = (whisper.device, _physical(whisper.gpu, whisper.device_index))
+        if isinstance(settings, TtsSettings) and settings.tts.engine == "chatterbox":
+            box = settings.tts.chatterbox
+            wanted["tts"] = (box.device, _physical(box.gpu, box.device_index))
+        if isinstance(settings, DuplexSettings) and settings.duplex.engine in MOSHI_ENGINES:
+            moshi = settings.duplex.moshi
+            wanted["duplex"] = (moshi.device, _physical(moshi.gpu, moshi.device_index))
+    return {name: want for name, want in wanted.items() if want[0] != "cpu"}
 
 
-def check_gpus(asr: AsrSettings, tts: TtsSettings) -> Check:
-    """GPUs NVML sees, against the GPUs the engines are set to use."""
-    wanted = _wanted_gpus(asr, tts)
+def check_gpus(*services: BaseServiceSettings) -> Check:
+    """GPUs NVML sees, against the GPUs the engines of `services` are set to use."""
+    wanted = _wanted_gpus(services)
     count = gpu.gpu_count()
     smi = "nvidia-smi found" if shutil.which("nvidia-smi") else "no nvidia-smi"
     if count == 0:
@@ -101,7 +111,8 @@ def check_gpus(asr: AsrSettings, tts: TtsSettings) -> Check:
             "gpu",
             "FAIL",
             f"{count} GPU(s): {listed}; {names}",
-            "set VA_ASR__WHISPER__GPU / VA_TTS__CHATTERBOX__GPU to GPUs this host has "
+            "set VA_ASR__WHISPER__GPU / VA_TTS__CHATTERBOX__GPU / VA_DUPLEX__MOSHI__GPU to GPUs "
+            "this host has "
             "(and CUDA_VISIBLE_DEVICES in the units: docs/deployment.md)",
         )
     return Check("gpu", "OK", f"{count} GPU(s): {listed}; {smi}")
@@ -112,31 +123,82 @@ def _installed(module: str) -> bool:
 
 
 def check_asr_model(settings: AsrSettings) -> Check:
-    """The configured ASR engine is installed and its model folder is complete."""
+    """The configured ASR engine is installed and the folder of every model it loads at
+    start (the default, and `models.preload`) is complete."""
     section = settings.asr
     if section.engine == "fake":
         return Check("model asr", "OK", "the fake engine (no model)")
     if section.engine != "faster-whisper":
         return Check("model asr", "FAIL", f"unknown engine {section.engine!r}", "VA_ASR__ENGINE")
+    names = dict.fromkeys([section.whisper.model, *section.models.preload])
+    checks = [_whisper_model(section.whisper.model_copy(update={"model": n})) for n in names]
+    for status in ("FAIL", "WARN"):
+        if (worst := next((c for c in checks if c.status == status), None)) is not None:
+            return worst
+    return Check("model asr", "OK", "; ".join(check.detail for check in checks))
+
+
+def _whisper_model(whisper: WhisperSettings) -> Check:
+    """One faster-whisper model: packaged (checked), or a complete folder."""
     from services.asr.engines.catalog import PACKAGED
     from services.asr.engines.whisper_files import resolve_model_dir
 
-    folder = resolve_model_dir(section.whisper)
-    packaged = PACKAGED.get(section.whisper.model)
+    folder = resolve_model_dir(whisper)
+    packaged = PACKAGED.get(whisper.model)
     if packaged is not None and not folder.is_dir():
         return _packaged("model asr", packaged)
-    pull = f"voice-agent models pull faster-whisper-{section.whisper.model} --dir "
-    pull += str(section.whisper.models_dir)
+    pull = f"voice-agent models pull faster-whisper-{whisper.model} --dir {whisper.models_dir}"
     if not _installed("faster_whisper"):
         fix = "pip install 'voice-agent[faster-whisper]'"
         return Check("model asr", "FAIL", "faster-whisper missing", fix)
     folder = folder.absolute()
     missing = [n for n in ("model.bin", "tokenizer.json") if not (folder / n).is_file()]
-    if not folder.is_dir() and section.whisper.allow_download:
+    if not folder.is_dir() and whisper.allow_download:
         return Check("model asr", "WARN", f"no model at {folder}: downloads at start-up", pull)
     if missing:
         return Check("model asr", "FAIL", f"{folder}: missing {', '.join(missing)}", pull)
     return Check("model asr", "OK", f"faster-whisper model at {folder}")
+
+
+def duplex_python() -> Path | None:
+    """The duplex service's own interpreter (`make install-duplex`: torch and moshi), when
+    there is one; `voice-agent up` runs the service on it, else on this one."""
+    own = Path(os.environ.get("VENV_DUPLEX", ".venv-duplex")) / "bin" / "python"
+    return own if own.exists() else None
+
+
+def check_duplex_model(settings: DuplexSettings) -> Check:
+    """The duplex engine can be imported where `up` runs it, and its checkpoint is complete."""
+    section = settings.duplex
+    if section.engine == "fake":
+        return Check("model duplex", "OK", "the fake engine (no model)")
+    if section.engine not in MOSHI_ENGINES:
+        fix = f"VA_DUPLEX__ENGINE: one of fake, {', '.join(MOSHI_ENGINES)}"
+        return Check("model duplex", "FAIL", f"unknown engine {section.engine!r}", fix)
+    python = duplex_python()
+    if python is None:
+        where, importable = "this environment", _installed("torch") and _installed("moshi")
+    else:
+        where, importable = str(python.parent.parent), _importable_in(python, "moshi.models")
+    if not importable:
+        fix = "make install-duplex (docs/duplex.md)"
+        return Check("model duplex", "FAIL", f"torch and moshi are not importable in {where}", fix)
+    if section.engine == "moshi-random":
+        return Check("model duplex", "OK", f"moshi-random (random weights, no model; {where})")
+    from services.duplex.engines.moshi import model_folder
+    from services.ops.models import MODELS
+
+    moshi = section.moshi
+    try:
+        folder = model_folder(moshi).absolute()
+    except EngineUnavailable as exc:
+        return Check("model duplex", "FAIL", str(exc), "VA_DUPLEX__MOSHI__MODEL")
+    spec = MODELS.get(moshi.model, MODELS["moshiko-pytorch-bf16"])
+    missing = [name for name in spec.required() if not (folder / name).is_file()]
+    if missing:
+        pull = f"voice-agent models pull {moshi.model} --dir {moshi.models_dir}"
+        return Check("model duplex", "FAIL", f"{folder}: missing {', '.join(missing)}", pull)
+    return Check("model duplex", "OK", f"Moshi model at {folder} ({where})")
 
 
 def check_end_of_turn(section: GatewaySection) -> Check:
@@ -160,8 +222,8 @@ def check_end_of_turn(section: GatewaySection) -> Check:
     return Check("end of turn", "WARN", detail, fix)
 
 
-def _importable_in(venv: Path, module: str) -> bool:
-    python = venv / "bin" / "python"
+def _importable_in(python: Path, module: str) -> bool:
+    """Whether the interpreter `python` can import `module`."""
     if not python.exists():
         return False
     done = subprocess.run(
@@ -193,7 +255,7 @@ def check_tts_model(settings: TtsSettings, tts_venv: Path | None = None) -> Chec
     if _installed("chatterbox"):
         where = "here"
     elif tts_venv is not None:
-        if not _importable_in(tts_venv, "chatterbox.tts"):
+        if not _importable_in(tts_venv / "bin" / "python", "chatterbox.tts"):
             fix = "create the TTS environment (docs/deployment.md)"
             return Check("model tts", "FAIL", f"chatterbox not importable in {tts_venv}", fix)
         where = str(tts_venv)
@@ -284,20 +346,21 @@ def check_port(service: str, host: str, port: int) -> Check:
     """The port is free, or already serves this service's /health."""
     name = f"port {service}"
     target = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    where = f"[{target}]:{port}" if ":" in target else f"{target}:{port}"  # IPv6 in brackets
     try:
         socket.create_connection((target, port), timeout=1).close()
     except OSError:
-        return Check(name, "OK", f"{target}:{port} is free")
-    try:
-        health = httpx.get(f"http://{target}:{port}/health", timeout=2).json()
+        return Check(name, "OK", f"{where} is free")
+    try:  # straight there: a proxy of the environment (HTTP_PROXY) cannot reach this host's ports
+        health = httpx.get(f"http://{where}/health", timeout=2, trust_env=False).json()
     except (httpx.HTTPError, ValueError):
         health = {}
     if isinstance(health, dict) and health.get("service") == service:
-        detail = f"{target}:{port} serves voice-agent {service} ({health.get('engine', '?')})"
+        detail = f"{where} serves voice-agent {service} ({health.get('engine', '?')})"
         return Check(name, "OK", detail)
     setting = f"VA_{service.upper()}__SERVER__PORT"
     fix = f"stop what listens there (ss -ltnp 'sport = :{port}') or choose another: {setting}"
-    return Check(name, "FAIL", f"{target}:{port} is taken by something else", fix)
+    return Check(name, "FAIL", f"{where} is taken by something else", fix)
 
 
 def _self_signed(folder: Path) -> tuple[Path, Path] | None:

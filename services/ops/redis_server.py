@@ -92,8 +92,13 @@ def reserve(port: int) -> bool:
     return True
 
 
-def start_redis(port: int, workdir: Path, wait_s: float = 10.0) -> subprocess.Popen[bytes]:
-    """Start a throwaway redis-server on 127.0.0.1:`port` ; wait until it answers."""
+def start_redis(
+    port: int, workdir: Path, wait_s: float = 10.0, own_session: bool = False
+) -> subprocess.Popen[bytes]:
+    """Start a throwaway redis-server on 127.0.0.1:`port` ; wait until it answers.
+
+    `own_session`: out of the caller's process group, so a Ctrl-C in the terminal does not
+    reach it; its starter stops it, after the processes that still need it (`up`)."""
     workdir = workdir.resolve()  # redis-server enters --dir before it opens --logfile
     workdir.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
@@ -114,6 +119,7 @@ def start_redis(port: int, workdir: Path, wait_s: float = 10.0) -> subprocess.Po
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        start_new_session=own_session,
     )
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
