@@ -48,6 +48,14 @@ HISTOGRAMS: Final[dict[str, dict[str, tuple[str, dict[str, str]]]]] = {
     },
 }
 """Per service: the histograms read, by the name the breakdown gives them."""
+COUNTERS: Final[dict[str, dict[str, str]]] = {
+    "gateway": {
+        "speculative_asr": "va_gateway_speculative_asr_total",
+        "prepared_replies": "va_gateway_prepared_replies_total",
+    },
+}
+"""Per service: the counters read (summed over their labels), by the name given them here:
+whether the gateway started any engine work before `speech.stopped`."""
 MEASURED: Final = (
     "hearing",
     "asr_queue_wait",
@@ -130,6 +138,19 @@ def histograms(samples: list[Any], service: str) -> dict[str, Histogram]:
     return found
 
 
+def counters(samples: list[Any], service: str) -> dict[str, float]:
+    """The counters of `COUNTERS` one service exports, from its parsed /metrics samples; a
+    counter never incremented is 0. Empty when no samples were read (the service's
+    /metrics did not answer): nothing is known."""
+    names = COUNTERS.get(service, {})
+    if not samples or not names:
+        return {}
+    found = dict.fromkeys(names, 0.0)
+    for key, metric in names.items():
+        found[key] = sum(s.value for s in samples if s.name == metric)
+    return found
+
+
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 1)
 
@@ -168,16 +189,46 @@ def breakdown(
 def engine_ms(start: Mapping[str, Histogram], end: Mapping[str, Histogram]) -> float | None:
     """The engines' mean own time per turn (ASR final + TTS slot wait + first piece), ms.
 
-    None when no engine service was watched or none did any work in between.
+    None unless both the ASR's and the TTS's histograms were read and both did work in
+    between: with one engine missing the sum would be a different quantity.
     """
-    total, known = 0.0, False
+    means: dict[str, float] = {}
     for key in ("asr_latency", "tts_queue_wait", "tts_first_piece"):
         hist = end.get(key)
         mean = hist.minus(start.get(key)).mean() if hist is not None else None
         if mean is not None:
-            total += mean * 1000
-            known = True
-    return total if known else None
+            means[key] = mean * 1000
+    if "asr_latency" not in means or not {"tts_queue_wait", "tts_first_piece"} & means.keys():
+        return None
+    return sum(means.values())
+
+
+def gateway_added_omitted(
+    engine: float | None, start: Mapping[str, float], end: Mapping[str, float]
+) -> str | None:
+    """Why a level's `gateway_added` (speech.stopped → first audio, less the engines' mean
+    time) would mean nothing, so is left out; None: it means the gateway's own time.
+
+    It needs both engines' time (`engine`: --asr-url and --tts-url) and a gateway that did
+    no engine work before `speech.stopped` (its speculation counters, `start` and `end`,
+    read and unchanged over the level): a transcript started at a pause, or a reply
+    prepared on it, is engine time spent before the turn ended, and subtracting it made
+    the figure negative.
+    """
+    if engine is None:
+        return "needs both engines' own time: give --asr-url and --tts-url"
+    if not end:
+        return "the gateway's /metrics was not read: its speculation is unknown"
+    early = {key: end.get(key, 0.0) - start.get(key, 0.0) for key in COUNTERS["gateway"]}
+    if any(value > 0 for value in early.values()):
+        return (
+            f"the gateway started engine work before speech.stopped ("
+            f"{early['speculative_asr']:.0f} speculative transcripts, "
+            f"{early['prepared_replies']:.0f} prepared replies in the level): subtracting "
+            "the engines' time would undercount; run it with "
+            "VA_GATEWAY__SPECULATIVE_ASR=false"
+        )
+    return None
 
 
 def growing_stage(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import math
 import shlex
 import sys
 import threading
@@ -30,21 +31,24 @@ from typing import Any, Final
 from services.client.credentials import api_key_from_env, refusal
 from services.client.stream import StreamClient
 from services.common.platform.extras import MissingExtra, require_extra
-from services.loadtest.breakdown import breakdown, engine_ms
+from services.loadtest.breakdown import breakdown, engine_ms, gateway_added_omitted
 from services.loadtest.capacity import (
     BUDGET_FACTOR,
     BUDGET_FLOOR_MS,
+    MIN_P95_SAMPLES,
     Budget,
     budget_from,
     find_capacity,
+    too_few_turns,
 )
 from services.loadtest.corpus import CorpusError, Utterance, espeak_corpus, folder_corpus
 from services.loadtest.level import LevelPart, figures_of, judge, level_report, mark_growth
 from services.loadtest.progress import ProgressLine
-from services.loadtest.report import write
+from services.loadtest.report import unwritable, write
 from services.loadtest.server import (
     Sample,
     Services,
+    gateway_counters,
     http_base,
     level_histograms,
     server_report,
@@ -58,6 +62,8 @@ START_MARGIN_S: Final = {"local": 0.2, "workers": 3.0}
 """Time to get every session's process ready before a level's clock starts."""
 CLIENT_LAG_WARN_MS: Final = 50.0
 """Audio frames leaving this late (p99) mean the client, not the service, is the limit."""
+BASELINE_MAX_EXTRA_S: Final = 300.0
+"""How far past --duration the one-session level may go on to collect --baseline-turns."""
 
 
 # ---------------------------------------------------------------------- arguments
@@ -78,6 +84,8 @@ def _seconds_range(text: str) -> tuple[float, float]:
         low, high = (float(part) for part in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError("MIN,MAX in seconds, such as 1,3") from None
+    if not (math.isfinite(low) and math.isfinite(high)):
+        raise argparse.ArgumentTypeError("MIN and MAX must be finite numbers of seconds")
     if not 0 <= low <= high:
         raise argparse.ArgumentTypeError("need 0 <= MIN <= MAX")
     return low, high
@@ -86,7 +94,7 @@ def _seconds_range(text: str) -> tuple[float, float]:
 def _bounded(kind: type[float] | type[int], low: float, high: float) -> Any:
     def parse(text: str) -> float:
         value = kind(text)
-        if not low <= value <= high:
+        if not math.isfinite(value) or not low <= value <= high:
             raise argparse.ArgumentTypeError(f"must be between {low:g} and {high:g}")
         return value
 
@@ -122,6 +130,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--budget-factor", type=_bounded(float, 1, 100), default=BUDGET_FACTOR, help="FACTOR")
     add("--budget-floor-ms", type=_bounded(float, 0, 600_000), default=BUDGET_FLOOR_MS)
     add("--keep-going", action="store_true", help="run every level, past the capacity too")
+    add(
+        "--baseline-turns",
+        type=_bounded(int, 0, 1000),
+        default=MIN_P95_SAMPLES,
+        help="the one-session level goes on past --duration (at most "
+        f"{BASELINE_MAX_EXTRA_S:.0f} s more) until this many turns started in its window: its "
+        f"p95 sets the budget, and a p95 needs {MIN_P95_SAMPLES} (0: --duration only)",
+    )
     add("--max-error-rate", type=_bounded(float, 0, 1), default=0.05, help="errors per turn")
     add("--reply-timeout", type=_bounded(float, 1, 600), default=20.0, help="s to await a reply")
     add("--seed", type=int, default=0, help="what each user says and when it barges in")
@@ -184,6 +200,10 @@ def execute(args: argparse.Namespace, command_line: str, api_key: str | None = N
     key or client token) goes with every session and every /health and /metrics sample."""
     if not str(args.url).startswith(("ws://", "wss://")):
         return _fail(f"--url must be ws:// or wss://, not {args.url!r}")
+    for flag, path, kind in (("--out", args.out, "file"), ("--plots", args.plots, "folder")):
+        why = unwritable(path, kind) if path is not None else None
+        if why is not None:
+            return _fail(f"{flag} {path}: {why}")
     try:
         require_extra("loadtest")
     except MissingExtra as exc:
@@ -201,13 +221,16 @@ def execute(args: argparse.Namespace, command_line: str, api_key: str | None = N
     target = {name: s.health if s else None for name, s in services.sample().items()}
     levels, budget = _run_levels(args, _plan(args, corpus, api_key), services)
     result = _result(args, corpus, target, levels, budget)
-    if args.out:
-        write(args.out, result, command_line)
-    if args.plots:
-        from services.loadtest.plots import write_plots
+    print(summary_text(result), flush=True)  # first: a file that cannot be written loses nothing
+    try:
+        if args.out:
+            write(args.out, result, command_line)
+        if args.plots:
+            from services.loadtest.plots import write_plots
 
-        write_plots(result, args.plots)
-    print(summary_text(result), flush=True)
+            write_plots(result, args.plots)
+    except OSError as exc:
+        return _fail(f"cannot write the results: {exc}")
     return 0 if result["ok"] else 1
 
 
@@ -246,14 +269,16 @@ def _run_levels(
         for sessions in sessions_list:
             level = _run_level(args, plan, services, sessions, workers, progress)
             levels.append(level)
-            if budget is None and sessions == 1 and level["lost_turns"] == 0:
-                p95 = level["stages_ms"]["voice_to_voice"]["p95"]
+            v2v = level["stages_ms"]["voice_to_voice"]
+            enough = too_few_turns(v2v["count"]) is None
+            if budget is None and sessions == 1 and level["lost_turns"] == 0 and enough:
+                p95 = v2v["p95"]
                 budget = budget_from(p95, None, args.budget_factor, args.budget_floor_ms)
-            within = judge(level, budget.ms if budget else None)
+            state = judge(level, budget.ms if budget else None, no_budget_why(levels))
             mark_growth(levels)
             print(level_line(level), file=sys.stderr, flush=True)
             _warn_if_client_lagged(level)
-            if not within and not args.keep_going:
+            if state == "over" and not args.keep_going:
                 break
     finally:
         if workers is not None:
@@ -270,7 +295,15 @@ def _run_level(
     progress: ProgressLine,
 ) -> dict[str, Any]:
     margin = START_MARGIN_S["workers" if workers else "local"]
-    timeline = Window(time.time() + margin, args.ramp, args.duration, sessions)
+    baseline = sessions == 1 and args.baseline_turns > 0
+    timeline = Window(
+        time.time() + margin,
+        args.ramp,
+        args.duration,
+        sessions,
+        min_turns=args.baseline_turns if baseline else 0,
+        max_extra_s=BASELINE_MAX_EXTRA_S if baseline else 0.0,
+    )
     jobs = split(plan, timeline, args.workers)
     before = _LaterSample(services, timeline.measured_from - time.time())
     progress.start_level(timeline)
@@ -284,13 +317,15 @@ def _run_level(
     start, end = level_histograms(before.sample), level_histograms(after)
     v2v = part.samples_ms["voice_to_voice"]
     client_mean = sum(v2v) / len(v2v) if v2v else None
+    engines = engine_ms(start, end)
     return level_report(
         part,
         sessions,
         args.duration,
-        engine_ms(start, end),
+        engines,
         server_report(before.sample, after),
         breakdown(start, end, client_mean),
+        gateway_added_omitted(engines, gateway_counters(before.sample), gateway_counters(after)),
     )
 
 
@@ -344,6 +379,7 @@ def _result(
             "budget_ms": args.budget_ms,
             "budget_factor": args.budget_factor,
             "budget_floor_ms": args.budget_floor_ms,
+            "baseline_turns": args.baseline_turns,
             "keep_going": args.keep_going,
             "max_error_rate": args.max_error_rate,
             "seed": args.seed,
@@ -360,7 +396,7 @@ def capacity_of(levels: list[dict[str, Any]], budget: Budget | None) -> dict[str
     """The run's capacity: the most sessions within the budget with no turn lost, the first
     level over it, why, and the stage that grew there."""
     if budget is None or not levels:
-        why = "no budget: the one-session level answered no turn, or lost one"
+        why = no_budget_why(levels)
         return {"sessions": None, "at_least": False, "over_at": None, "why": why, "grows": None}
     found = find_capacity([figures_of(level) for level in levels], budget.ms)
     over = next((lv for lv in levels if lv["sessions"] == found.over_at), None)
@@ -372,3 +408,22 @@ def capacity_of(levels: list[dict[str, Any]], budget: Budget | None) -> dict[str
         "grows": over["grows"] if over is not None else None,
         "noisy": found.noisy,
     }
+
+
+def no_budget_why(levels: list[dict[str, Any]]) -> str:
+    """Why the run has no budget (the one-session level did not make one)."""
+    single = next((level for level in levels if level["sessions"] == 1), None)
+    if single is None:
+        return "no budget: no one-session level to make it"
+    count = single["stages_ms"]["voice_to_voice"].get("count")
+    if single["lost_turns"]:
+        return "no budget: the one-session level lost a turn"
+    if count == 0:
+        return "no budget: the one-session level answered no turn"
+    few = too_few_turns(count)
+    if few is not None:
+        return (
+            f"no budget: the one-session level's {few}; give --budget-ms, or a longer "
+            "--duration or more --baseline-turns"
+        )
+    return "no budget: the one-session level answered no turn, or lost one"

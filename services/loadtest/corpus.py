@@ -93,7 +93,16 @@ def folder_corpus(folder: Path) -> list[Utterance]:
             raise CorpusError(f"{path}: {exc}") from exc
         if audio.size == 0:
             raise CorpusError(f"{path}: no samples")
-        script_path = path.with_suffix(".txt")
-        script = script_path.read_text(encoding="utf-8").strip() if script_path.exists() else None
-        corpus.append(Utterance(path.stem, resample(audio, rate, RATE), script or None))
+        corpus.append(Utterance(path.stem, resample(audio, rate, RATE), _script(path)))
     return corpus
+
+
+def _script(wav: Path) -> str | None:
+    """The script beside `wav` (`NAME.txt`, UTF-8), None without one."""
+    path = wav.with_suffix(".txt")
+    if not path.exists():
+        return None
+    try:
+        return path.read_text(encoding="utf-8").strip() or None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CorpusError(f"{path}: not a readable UTF-8 script: {exc}") from exc

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from services.loadtest.breakdown import growing_stage
-from services.loadtest.capacity import LevelFigures, over_budget
+from services.loadtest.capacity import LevelFigures, Verdict, verdict
 from services.loadtest.stats import (
     STAGES,
     TurnFigures,
@@ -54,6 +54,9 @@ class LevelPart:
     loop_lag_ms: list[float] = field(default_factory=list)
     slow_turns: list[dict[str, Any]] = field(default_factory=list)
     """Turns whose end took longer than `SLOW_END_OF_TURN_MS`: what was said, and how."""
+    window_extra_s: float = 0.0
+    """How far past its planned end the measured window ran (a one-session level that went
+    on until it had `Window.min_turns`)."""
 
     def add_session(self, run: SessionRun) -> None:
         """Fold in one finished session."""
@@ -64,6 +67,7 @@ class LevelPart:
             return
         conversation, turns = run.conversation, run.turns
         self.sessions += 1
+        self.window_extra_s = max(self.window_extra_s, run.window_extra_s)
         self.spoke_s += run.spoke_s
         self.alive_s += run.alive_s
         self.attempts += len(turns)
@@ -108,6 +112,7 @@ class LevelPart:
         self.send_lag_ms.extend(other.send_lag_ms)
         self.loop_lag_ms.extend(other.loop_lag_ms)
         self.slow_turns.extend(other.slow_turns)
+        self.window_extra_s = max(self.window_extra_s, other.window_extra_s)
 
     @property
     def error_rate(self) -> float:
@@ -132,25 +137,33 @@ def level_report(
     engine_ms: float | None,
     server: dict[str, Any],
     breakdown_ms: dict[str, dict[str, Any]] | None = None,
+    gateway_added_omitted: str | None = None,
 ) -> dict[str, Any]:
     """The LEVEL object of the results file; `judge` gives its verdict, `mark_growth` the
-    stage that grows."""
+    stage that grows. `gateway_added` is left out (null, and why) when `engine_ms` is not
+    known or `gateway_added_omitted` says why it would mean nothing
+    (breakdown.gateway_added_omitted)."""
     samples = dict(part.samples_ms)
-    if engine_ms is not None:
+    if engine_ms is None and gateway_added_omitted is None:
+        gateway_added_omitted = "needs both engines' own time: give --asr-url and --tts-url"
+    if engine_ms is not None and gateway_added_omitted is None:
         samples["gateway_added"] = [v - engine_ms for v in samples["gateway_added"]]
     else:
-        samples["gateway_added"] = []  # nothing to subtract: it would only repeat asr+response
-    stages = {stage: stats(samples[stage]) for stage in STAGES}
+        samples["gateway_added"] = []
+    stages: dict[str, Any] = {stage: stats(samples[stage]) for stage in STAGES}
+    if gateway_added_omitted is not None:
+        stages["gateway_added"] = None
+    window_s = duration_s + part.window_extra_s
     accuracy = part.accuracy
     return {
         "sessions": sessions,
-        "duration_s": round(duration_s, 1),
+        "duration_s": round(window_s, 1),
         "turns": part.turns,
         "turns_completed": part.turns_completed,
         "lost_turns": part.turns - part.turns_completed,
         "refused_sessions": part.refused,
         "barge_ins": part.barge_ins,
-        "turns_per_s": round(part.turns / duration_s, 3) if duration_s > 0 else 0.0,
+        "turns_per_s": round(part.turns / window_s, 3) if window_s > 0 else 0.0,
         "duty_cycle": round(part.spoke_s / part.alive_s, 3) if part.alive_s > 0 else None,
         "stages_ms": stages,
         "breakdown_ms": breakdown_ms or {},
@@ -162,11 +175,13 @@ def level_report(
         },
         "within_budget": None,
         "over_budget": None,
+        "too_few_turns": None,
         "audio_kept_up": part.stalled_responses == 0,
         "contract_violations": list(part.violations),  # moved to the top level by the run
         "stalled_responses": part.stalled_responses,
         "grows": None,
         "engine_ms": None if engine_ms is None else round(engine_ms, 1),
+        "gateway_added_omitted": gateway_added_omitted,
         "server": server,
         "client": {
             "event_loop_lag_ms": lag_stats(part.loop_lag_ms),
@@ -181,22 +196,29 @@ def level_report(
 
 def figures_of(level: dict[str, Any]) -> LevelFigures:
     """What the capacity rule looks at in a LEVEL."""
+    v2v = level["stages_ms"]["voice_to_voice"]
     return LevelFigures(
         sessions=int(level["sessions"]),
-        v2v_p95_ms=level["stages_ms"]["voice_to_voice"]["p95"],
+        v2v_p95_ms=v2v["p95"],
         lost_turns=int(level["lost_turns"]),
         refused_sessions=int(level["refused_sessions"]),
+        v2v_count=v2v.get("count"),
     )
 
 
-def judge(level: dict[str, Any], budget_ms: float | None) -> bool:
-    """Set the level's `within_budget` and `over_budget` (why not); returns the verdict.
-    No budget known: not within (the one-session level gave none)."""
-    why = "no budget: the one-session level answered no turn"
-    if budget_ms is not None:
-        why = over_budget(figures_of(level), budget_ms) or ""
-    level["within_budget"], level["over_budget"] = not why, why or None
-    return not why
+def judge(
+    level: dict[str, Any],
+    budget_ms: float | None,
+    no_budget: str = "no budget: the one-session level answered no turn",
+) -> Verdict:
+    """Set the level's `within_budget` (True, False, or None: too few turns for its p95 to
+    say), `over_budget` (why not within) and `too_few_turns` (why no verdict); returns the
+    verdict. No budget known: over, for `no_budget`."""
+    state, why = ("over", no_budget) if budget_ms is None else verdict(figures_of(level), budget_ms)
+    level["within_budget"] = None if state == "too_few_turns" else state == "within"
+    level["over_budget"] = why if state == "over" else None
+    level["too_few_turns"] = why if state == "too_few_turns" else None
+    return state
 
 
 def mark_growth(levels: list[dict[str, Any]]) -> None:

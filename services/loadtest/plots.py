@@ -68,9 +68,9 @@ def _percentiles(result: dict[str, Any], path: Path) -> Path:
     for axis, stage in zip(axes, STAGES, strict=True):
         for key, style in (("p50", "o-"), ("p95", "s-"), ("p99", "^-")):
             points = [
-                (n, level["stages_ms"][stage][key])
+                (n, figures[key])
                 for n, level in zip(sessions, result["levels"], strict=True)
-                if level["stages_ms"][stage][key] is not None
+                if (figures := level["stages_ms"].get(stage) or {}).get(key) is not None
             ]
             if points:
                 axis.plot(*zip(*points, strict=True), style, label=key)

@@ -54,6 +54,8 @@ class ProgressLine:
             phase = f"ramp {measured_from - now:.0f} s"
         elif now < until:
             phase = f"measuring {until - now:.0f} s left"
+        elif snapshot.turns < self.timeline.min_turns:
+            phase = f"measuring on to {self.timeline.min_turns} turns"
         else:
             phase = "finishing turns"
         recent = (snapshot.v2v_ms or [])[-RECENT:]

@@ -88,6 +88,26 @@ def stamped(body: dict[str, Any], command_line: str | None = None) -> dict[str, 
     }
 
 
+def unwritable(path: Path, kind: str = "file") -> str | None:
+    """Why `path` cannot be written as a `kind` ("file" or "folder") made with its missing
+    parent folders; None when it looks writable. Checked before a long run, so that the
+    run's results are not lost to a typo at its end."""
+    if kind == "file" and path.is_dir():
+        return "is a folder, not a file"
+    if kind == "folder" and path.exists() and not path.is_dir():
+        return "is a file, not a folder"
+    if kind == "file" and path.exists():
+        return None if os.access(path, os.W_OK) else "is not writable"
+    existing = path if kind == "folder" else path.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable"
+    return None
+
+
 def write(path: Path, body: dict[str, Any], command_line: str | None = None) -> None:
     """Write `body`, stamped, as indented JSON."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -3,8 +3,8 @@
 Sampled when each level's measured window opens and when the level ends: the end's
 /health gives memory, queue depth and event-loop lag (over the level's time); the two
 /health `process.cpu_seconds` give CPU use; the two /metrics give the histograms of
-services/loadtest/breakdown.py: where voice-to-voice went, and the engines' own time that
-`gateway_added` subtracts.
+services/loadtest/breakdown.py: where voice-to-voice went, the engines' own time that
+`gateway_added` subtracts, and the gateway's speculation counters that say whether it may.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.client.credentials import bearer
-from services.loadtest.breakdown import Histogram, histograms
+from services.loadtest.breakdown import Histogram, counters, histograms
 
 TIMEOUT_S: Final = 5.0
 
@@ -38,6 +38,9 @@ class Sample:
     health: dict[str, Any] | None
     histograms: dict[str, Histogram] = field(default_factory=dict)
     """The breakdown's histograms this service exports (breakdown.HISTOGRAMS)."""
+    counters: dict[str, float] = field(default_factory=dict)
+    """The breakdown's counters this service exports (breakdown.COUNTERS; empty: its
+    /metrics was not read)."""
 
 
 @dataclass
@@ -61,8 +64,8 @@ def _sample(name: str, url: str, window_s: float, api_key: str | None) -> Sample
         base_url=url.rstrip("/"), timeout=TIMEOUT_S, headers=bearer(api_key)
     ) as client:
         health = _json(client, f"/health?window_s={window:.0f}")
-        found = histograms(_metrics(client), name)
-    return Sample(time.time(), health, found)
+        metrics = _metrics(client)
+    return Sample(time.time(), health, histograms(metrics, name), counters(metrics, name))
 
 
 def _json(client: httpx.Client, path: str) -> dict[str, Any] | None:
@@ -90,6 +93,12 @@ def level_histograms(
 ) -> dict[str, Histogram]:
     """Every watched service's breakdown histograms in one map (their names never clash)."""
     return {k: h for sample in samples.values() if sample for k, h in sample.histograms.items()}
+
+
+def gateway_counters(samples: dict[str, Sample | None]) -> dict[str, float]:
+    """The gateway's breakdown counters (empty: not read)."""
+    gateway = samples.get("gateway")
+    return gateway.counters if gateway is not None else {}
 
 
 def server_report(start: dict[str, Sample | None], end: dict[str, Sample | None]) -> dict[str, Any]:

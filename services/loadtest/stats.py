@@ -7,7 +7,9 @@ response         transcript.final → first agent audio frame received
 voice_to_voice   last speech frame sent → first agent audio frame received
 time_to_silence  barge-in turns: speech.started → last audio of the interrupted response
 gateway_added    speech.stopped → first agent audio, minus the engines' own time (the
-                 level subtracts it: here it is still the whole speech.stopped → audio)
+                 level subtracts it: here it is still the whole speech.stopped → audio;
+                 the level leaves it out where it means nothing: without both engines'
+                 time, or when the gateway did engine work before speech.stopped)
 """
 
 from __future__ import annotations

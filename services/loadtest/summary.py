@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from services.loadtest.capacity import MIN_P95_SAMPLES
+
 SHOWN_VIOLATIONS: Final = 20
 """Contract violations the terminal summary lists (the results file has them all)."""
 BREAKDOWN_ORDER: Final = (
@@ -30,7 +32,12 @@ def level_line(level: dict[str, Any]) -> str:
     v2v, asr = stages["voice_to_voice"], stages["asr"]
     accuracy = level["word_accuracy"]["mean"]
     errors = ", ".join(f"{k} {v}" for k, v in level["errors"].items()) or "none"
-    verdict = "within budget" if level["within_budget"] else f"OVER: {level['over_budget']}"
+    if level.get("too_few_turns"):
+        verdict = f"no verdict: {level['too_few_turns']}"
+    elif level["within_budget"]:
+        verdict = "within budget"
+    else:
+        verdict = f"OVER: {level['over_budget']}"
     grows = f", grows: {level['grows']}" if level["grows"] else ""
     return (
         f"{level['sessions']} sessions: {level['turns']} turns "
@@ -73,6 +80,12 @@ def summary_text(result: dict[str, Any]) -> str:
             else ""
         )
         lines.append(f"capacity: {at_least}{capacity['sessions']} sessions{where}")
+    unjudged = [str(level["sessions"]) for level in result["levels"] if level.get("too_few_turns")]
+    if unjudged:
+        lines.append(
+            f"no verdict at {', '.join(unjudged)} sessions: too few turns for a voice-to-voice "
+            f"p95 (at least {MIN_P95_SAMPLES} each); a longer --duration gives them more"
+        )
     violations = result["contract_violations"]
     lines.extend(f"contract violation: {v}" for v in violations[:SHOWN_VIOLATIONS])
     if len(violations) > SHOWN_VIOLATIONS:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import websockets
 
-from services.client.stream import StreamClient
+from services.client.stream import SessionRefused, StreamClient
 from services.loadtest.contract import Conversation, Response
 from services.loadtest.corpus import RATE, Utterance
 from services.loadtest.stats import TurnRecord, answer, turn_utterances
@@ -54,6 +54,11 @@ class Window:
     ramp_s: float
     duration_s: float
     sessions: int
+    min_turns: int = 0
+    """Each session goes on starting turns past `until` while fewer than this many started
+    in the window (a one-session level collecting enough turns for a p95)..."""
+    max_extra_s: float = 0.0
+    """... for at most this long past `until`."""
 
     def start_of(self, index: int) -> float:
         return self.start + self.ramp_s * index / max(1, self.sessions)
@@ -65,6 +70,14 @@ class Window:
     @property
     def until(self) -> float:
         return self.measured_from + self.duration_s
+
+    def open_for(self, now: float, started: int) -> bool:
+        """Whether a session that started `started` turns in the window may start another
+        at `now`: before `until`, or past it while short of `min_turns` (within
+        `max_extra_s`)."""
+        if now < self.until:
+            return True
+        return started < self.min_turns and now < self.until + self.max_extra_s
 
 
 @dataclass
@@ -94,6 +107,7 @@ class SessionRun:
     timeouts: int = 0
     spoke_s: float = 0.0  # speech sent (the clips' length)
     alive_s: float = 0.0  # connected
+    window_extra_s: float = 0.0  # how far past `Window.until` it went on starting turns
 
 
 class User:
@@ -116,6 +130,8 @@ class User:
         )
         try:
             await client.__aenter__()
+        except SessionRefused as exc:  # an `error` or a close instead of session.created
+            return self._failed(_refusal_code(exc))
         except websockets.ConnectionClosed as exc:
             code = exc.rcvd.code if exc.rcvd is not None else 1006
             return self._failed(f"closed_{code}")
@@ -162,9 +178,13 @@ class User:
         conversation.finish()
         self.live.failures += self.record.timeouts
 
+    def _open(self, now: float) -> bool:
+        started = sum(turn.in_window for turn in self.record.turns)
+        return self.window.open_for(now, started)
+
     async def _converse(self, client: StreamClient) -> None:
         plan, barge = self.plan, False
-        while time.monotonic() < self.window.until and not client.closed.is_set():
+        while self._open(time.monotonic()) and not client.closed.is_set():
             now = time.monotonic()
             utterance = self._utterance()
             turn = TurnRecord(utterance.script, now, barge, self.window.measured_from <= now)
@@ -183,6 +203,9 @@ class User:
             self._count(response, turn)
             if not barge:
                 await client.silence(self.rng.uniform(*plan.think_s), plan.frame_ms)
+        until = self.window.until
+        if any(turn.started_at >= until for turn in self.record.turns):  # it went on
+            self.record.window_extra_s = time.monotonic() - until
 
     async def _until_done(self, client: StreamClient, response: Response) -> None:
         """Listen to the whole reply: until its `response.done`, then until its audio has
@@ -233,7 +256,7 @@ class User:
         if response.first_audio_at is None or not response.playing:
             return False
         await client.silence(self.rng.uniform(*BARGE_IN_DELAY_S), frame_ms)
-        return response.playing and time.monotonic() < self.window.until
+        return response.playing and self._open(time.monotonic())
 
     def _count(self, response: Response | None, turn: TurnRecord) -> None:
         if turn.in_window:
@@ -242,3 +265,12 @@ class User:
             self.live.ramp_turns += 1
         if response is not None and response.first_audio_at is not None and turn.last_sent_at:
             self.live.v2v_ms.append((response.first_audio_at - turn.last_sent_at) * 1000)
+
+
+def _refusal_code(refused: SessionRefused) -> str:
+    """How `errors` counts a session refused before `session.created`: `closed_<code>` for
+    its close code (1013: at capacity), else the `error` event's code, else
+    `connect_failed`."""
+    if refused.close_code is not None:
+        return f"closed_{refused.close_code}"
+    return str(refused.code) if refused.code else "connect_failed"

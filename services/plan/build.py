@@ -53,8 +53,7 @@ def build_plan(
         if not isinstance(m, DuplexSteps):  # their own section: another kind of session
             by_machine.setdefault(m.machine.summary(), []).append(m)
     tests = [m for m in measurements if isinstance(m, Loadtest)]
-    paces = (loadtest_pace(t, measured_sessions(t, options)[0]) for t in tests)
-    fallback = next((p for p in paces if p is not None), None)
+    fallback = reference_pace(tests, options)
     setups = []
     for found in by_machine.values():
         others = [m for m in found if not isinstance(m, Loadtest)]
@@ -125,6 +124,7 @@ def _setup(
     if options.target_sessions is None and test is not None:
         missing.append("latency at the target: give --target-sessions")
     references = [reference_latency(m) for m in others if isinstance(m, VoiceToVoice | BargeIn)]
+    measured_rate = held_turn_rate(test, held) if test is not None and not is_fake(test) else None
     return Setup(
         title=f"{machine.summary()} — {test.path if test is not None else 'engine benchmarks'}",
         machine=machine.summary(),
@@ -140,11 +140,19 @@ def _setup(
         sizing=sizing(bases, pace, options, missing),
         missing=missing,
         notes=notes,
-        measured_turns_per_s=(
-            held_turn_rate(test, held) if test is not None and not is_fake(test) else None
-        ),
+        measured_turns_per_s=measured_rate,
+        measured_pace=own_pace if measured_rate is not None else None,
         engine_turns_per_s=engine_capacity(asr, tts, options),
     )
+
+
+def reference_pace(tests: Sequence[Loadtest], options: PlanOptions) -> Figure | None:
+    """The pace a machine without a loadtest of its own, and the many-hosts view's turns/s,
+    are counted at: the busiest any loadtest measured (the most turns per session-minute,
+    the safe side; ties by path), whatever order the files were given in."""
+    paces = [loadtest_pace(t, measured_sessions(t, options)[0]) for t in tests]
+    found = [(p.value, p.sources[0].path, p) for p in paces if p is not None]
+    return max(found, key=lambda entry: (entry[0], entry[1]))[2] if found else None
 
 
 def _pace(
@@ -161,8 +169,9 @@ def _pace(
         return own
     if fallback is not None:
         notes.append(
-            f"turns per session-minute taken from {fallback.sources[0].path}: the loadtest's "
-            "workload, not this machine's; set --turns-per-minute for your users"
+            f"turns per session-minute taken from {fallback.sources[0].path} (the busiest "
+            "loadtest pace): the loadtest's workload, not this machine's; set "
+            "--turns-per-minute for your users"
         )
     else:
         missing.append("turns per session-minute: no loadtest pace; give --turns-per-minute")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from services.loadtest.report import unwritable
 from services.plan.build import build_plan
 from services.plan.inputs import PlanInputError, load_measurements
 from services.plan.model import PlanOptions
@@ -99,23 +100,38 @@ def _options(args: argparse.Namespace) -> PlanOptions:
         raise PlanInputError(f"{flag}: {error['msg']}") from exc
 
 
+def _fail(message: str, status: int) -> SystemExit:
+    print(f"voice-agent plan: error: {message}", file=sys.stderr, flush=True)
+    return SystemExit(status)
+
+
 def run(args: argparse.Namespace) -> None:
-    """The `plan` subcommand: print the plan; write it to --out and --json when given."""
+    """The `plan` subcommand: print the plan; write it to --out and --json when given.
+    Exit status 2 for a bad option, 1 for a measurement file it cannot use."""
     argv = getattr(args, "argv", None)
     command = shlex.join(["voice-agent", "plan", *(argv if argv is not None else sys.argv[2:])])
     try:
         options = _options(args)
+    except PlanInputError as exc:
+        raise _fail(str(exc), 2) from exc
+    for flag, path in (("--out", args.out), ("--json", args.json)):
+        why = unwritable(path) if path is not None else None
+        if why is not None:
+            raise _fail(f"{flag} {path}: {why}", 2)
+    try:
         measurements, ignored = load_measurements(args.inputs)
     except PlanInputError as exc:
-        print(f"voice-agent plan: error: {exc}", file=sys.stderr, flush=True)
-        raise SystemExit(1) from exc
+        raise _fail(str(exc), 1) from exc
     plan = build_plan(measurements, options, ignored, command)
     text = render_markdown(plan)
     print(text, end="", flush=True)
     for path, body in ((args.out, text), (args.json, render_json(plan))):
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(body, encoding="utf-8")
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(body, encoding="utf-8")
+            except OSError as exc:
+                raise _fail(f"cannot write {path}: {exc}", 2) from exc
             print(f"wrote {path}", file=sys.stderr, flush=True)
 
 

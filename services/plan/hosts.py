@@ -6,11 +6,15 @@ Three capacities, each from a measured file:
   ESTIMATE from the engine benchmarks;
 - turns/s per Redis master: what one Redis carried in a loadtest, a lower bound (no
   loadtest saturated it) unless --redis-turns-per-s gives a measured figure.
-Counting in turns per second rather than sessions lets one capacity serve any pace.
+Counting in turns per second rather than sessions lets one capacity serve any pace; a
+measured one was carried at its own loadtest's pace, so sessions convert to its turns at
+that pace, and at any other only as an ESTIMATE (a rescale: the per-turn work limits).
+Nothing here depends on the order the files were given in.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from services.plan.figures import (
@@ -109,7 +113,7 @@ def _redis(tests: Sequence[Loadtest], options: PlanOptions, notes: list[str]) ->
     if options.redis_turns_per_s is not None:
         return given(options.redis_turns_per_s, "turns/s", "--redis-turns-per-s")
     best: Figure | None = None
-    for test in tests:
+    for test in sorted(tests, key=lambda t: t.path):  # ties: the same file whatever the order
         within = judge_loadtest(test, options).within
         for index, level in enumerate(test.levels):
             if (
@@ -145,6 +149,7 @@ def multi_host(
     )
     redis = _redis(tests, options, notes)
     bases = _engine_bases(setups)
+    given_pace = options.turns_per_minute is not None
     if not any(b.gpu for b in bases):
         missing.append(
             "engine hosts on GPUs: no GPU measurement; the engine hosts in this view are the "
@@ -154,10 +159,15 @@ def multi_host(
     if pace is None:
         missing.append("turns per second: no pace; give --turns-per-minute")
     scales = sorted(set(options.hosts_for) | _peak(options))
-    rows = [_row(n, pace, per_gateway, per_host, bases, redis) for n in scales]
-    seeds = [_seed_row(c, pace, per_gateway, bases) for c in SEED_CLAIMS]
+    rows = [_row(n, pace, given_pace, per_gateway, per_host, bases, redis) for n in scales]
+    seeds = [_seed_row(c, pace, given_pace, bases) for c in SEED_CLAIMS]
     return MultiHost(
         pace=pace,
+        pace_how=(
+            "--turns-per-minute"
+            if given_pace
+            else "the busiest pace any loadtest measured, the safe side"
+        ),
         sessions_per_gateway=per_gateway,
         gateways_per_host=per_host,
         redis_turns_per_s=redis,
@@ -176,19 +186,68 @@ def _peak(options: PlanOptions) -> set[int]:
 
 
 def _engine_bases(setups: Sequence[Setup]) -> list[EngineBasis]:
+    """Every engine basis, in an order of their own (GPU hosts first, measured before
+    estimated, then by label and file), not the order the files were given in."""
     bases = []
     for setup in setups:
         if setup.measured_turns_per_s is not None:
             label = f"{setup.machine}, {setup.profile} (measured loadtest, whole stack)"
             bases.append(
-                EngineBasis(label=label, gpu=setup.gpu, turns_per_s=setup.measured_turns_per_s)
+                EngineBasis(
+                    label=label,
+                    gpu=setup.gpu,
+                    turns_per_s=setup.measured_turns_per_s,
+                    pace=setup.measured_pace,
+                )
             )
         if setup.engine_turns_per_s is not None:
             label = f"{setup.machine} (ESTIMATE from engine benchmarks)"
             bases.append(
                 EngineBasis(label=label, gpu=setup.gpu, turns_per_s=setup.engine_turns_per_s)
             )
-    return bases
+    return sorted(
+        bases,
+        key=lambda b: (not b.gpu, b.pace is None, b.label, b.turns_per_s.sources[0].path),
+    )
+
+
+def _basis_pace(basis: EngineBasis, view: Figure | None, given_pace: bool) -> Figure | None:
+    """The pace to count a basis's sessions at: its own (a measured loadtest's), unless
+    --turns-per-minute sets one for all; an engine throughput takes the view's."""
+    if basis.pace is not None and not given_pace:
+        return basis.pace
+    return view
+
+
+def _rescale_note(basis: EngineBasis, pace: Figure) -> str | None:
+    """What a conversion at `pace` assumes when the basis was carried at another pace."""
+    if basis.pace is None or math.isclose(basis.pace.value, pace.value):
+        return None
+    return (
+        f"; ESTIMATE: its turns/s was carried at {fmt(basis.pace.value)} turns per "
+        f"session-minute, counted here at {fmt(pace.value)}: assumes the per-turn work is "
+        "what limits"
+    )
+
+
+def _engine_hosts(sessions: Figure, basis: EngineBasis, pace: Figure | None) -> Figure | None:
+    """Engine hosts for `sessions` at `pace`: ceil(turns/s ÷ per host turns/s)."""
+    if pace is None:
+        return None
+    rate = sessions.value * pace.value / 60
+    rescale = _rescale_note(basis, pace)
+    formula = (
+        "ceil(sessions × turns per session-minute ÷ 60 ÷ per host turns/s) = "
+        f"ceil({fmt(sessions.value)} × {fmt(pace.value)} ÷ 60 ÷ {fmt(basis.turns_per_s.value)})"
+        f" = ceil({fmt(rate)} ÷ {fmt(basis.turns_per_s.value)})" + (rescale or "")
+    )
+    return derived(
+        ceil_clean(rate / basis.turns_per_s.value),
+        "hosts",
+        formula,
+        [sessions, pace, basis.turns_per_s],
+        estimate=True if rescale else None,
+    )
 
 
 def _turn_rate(sessions: Figure, pace: Figure) -> Figure:
@@ -213,6 +272,7 @@ def _ceil_div(numerator: Figure, denominator: Figure, unit: str, what: str) -> F
 def _row(
     n: int,
     pace: Figure | None,
+    given_pace: bool,
     per_gateway: Figure | None,
     per_host: Figure,
     bases: Sequence[EngineBasis],
@@ -224,12 +284,10 @@ def _row(
     if per_gateway is not None:
         processes = _ceil_div(sessions, per_gateway, "processes", "sessions ÷ per process")
         hosts = _ceil_div(processes, per_host, "hosts", "processes ÷ per host")
-    engines = []
-    if rate is not None:
-        engines = [_ceil_div(rate, b.turns_per_s, "hosts", "turns/s ÷ per host") for b in bases]
-        if redis is not None:
-            masters = _ceil_div(rate, redis, "masters", "turns/s ÷ per master")
-            nodes = _redis_nodes(masters)
+    engines = [_engine_hosts(sessions, b, _basis_pace(b, pace, given_pace)) for b in bases]
+    if rate is not None and redis is not None:
+        masters = _ceil_div(rate, redis, "masters", "turns/s ÷ per master")
+        nodes = _redis_nodes(masters)
     return HostRow(
         sessions=sessions,
         turns_per_s=rate,
@@ -255,7 +313,7 @@ def _redis_nodes(masters: Figure) -> Figure:
 def _seed_row(
     claim: SeedClaim,
     pace: Figure | None,
-    per_gateway: Figure | None,
+    given_pace: bool,
     bases: Sequence[EngineBasis],
 ) -> SeedRow:
     if claim.kind == "gpus_for_load" and claim.requests_per_min is not None:
@@ -267,17 +325,25 @@ def _seed_row(
             ],
         )
         rate = derived(seed.value / 60, "turns/s", "the seed's req/min ÷ 60", [seed])
-        ours = [
-            derived(
-                ceil_clean(rate.value / b.turns_per_s.value) * GPUS_PER_ENGINE_HOST,
-                "GPUs",
-                f"ceil(turns/s ÷ per engine host) × {GPUS_PER_ENGINE_HOST} = "
-                f"ceil({fmt(rate.value)} ÷ {fmt(b.turns_per_s.value)}) × "
-                f"{GPUS_PER_ENGINE_HOST} ({b.label})",
-                [rate, b.turns_per_s],
+        seed_pace = None
+        if claim.sessions:
+            per_min = claim.requests_per_min / claim.sessions
+            how_paced = f"the seed's req/min ÷ its users = {fmt(seed.value)} ÷ {claim.sessions}"
+            seed_pace = derived(per_min, "turns/session-min", how_paced, [seed])
+        ours: list[Figure | None] = []
+        for b in bases:
+            rescale = _rescale_note(b, seed_pace) if seed_pace is not None else None
+            ours.append(
+                derived(
+                    ceil_clean(rate.value / b.turns_per_s.value) * GPUS_PER_ENGINE_HOST,
+                    "GPUs",
+                    f"ceil(turns/s ÷ per engine host) × {GPUS_PER_ENGINE_HOST} = "
+                    f"ceil({fmt(rate.value)} ÷ {fmt(b.turns_per_s.value)}) × "
+                    f"{GPUS_PER_ENGINE_HOST} ({b.label})" + (rescale or ""),
+                    [rate, b.turns_per_s],
+                    estimate=True if rescale else None,
+                )
             )
-            for b in bases
-        ]
         how = (
             f"ours at the seed's own load ({fmt(rate.value)} turns/s), one ASR and one TTS "
             "device per engine host"
@@ -290,25 +356,30 @@ def _seed_row(
             how=how,
         )
     ours = []
-    if pace is not None:
-        for b in bases:
-            per_host = b.turns_per_s.value * 60 / pace.value
-            divisor = GPUS_PER_ENGINE_HOST if claim.kind == "sessions_per_gpu" else 1
-            ours.append(
-                derived(
-                    floor_clean(per_host / divisor),
-                    "sessions",
-                    f"floor(per host turns/s × 60 ÷ turns per session-minute"
-                    f"{' ÷ 2 GPUs' if divisor == 2 else ''}) = floor({fmt(b.turns_per_s.value)} × "
-                    f"60 ÷ {fmt(pace.value)}{' ÷ 2' if divisor == 2 else ''}) ({b.label})",
-                    [b.turns_per_s, pace],
-                )
+    divisor = GPUS_PER_ENGINE_HOST if claim.kind == "sessions_per_gpu" else 1
+    for b in bases:
+        at = _basis_pace(b, pace, given_pace)
+        if at is None:
+            ours.append(None)
+            continue
+        rescale = _rescale_note(b, at)
+        ours.append(
+            derived(
+                floor_clean(b.turns_per_s.value * 60 / at.value / divisor),
+                "sessions",
+                f"floor(per host turns/s × 60 ÷ turns per session-minute"
+                f"{' ÷ 2 GPUs' if divisor == 2 else ''}) = floor({fmt(b.turns_per_s.value)} × "
+                f"60 ÷ {fmt(at.value)}{' ÷ 2' if divisor == 2 else ''}) ({b.label})"
+                + (rescale or ""),
+                [b.turns_per_s, at],
+                estimate=True if rescale else None,
             )
+        )
     unit = "sessions per GPU" if claim.kind == "sessions_per_gpu" else "sessions per host"
     return SeedRow(
         seed=claim.seed,
         claim=claim.claim,
         theirs=f"{fmt(claim.value)} {unit}",
         ours=ours,
-        how=f"ours: {unit} at our pace",
+        how=f"ours: {unit} at each host's own pace (or --turns-per-minute)",
     )

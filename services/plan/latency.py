@@ -3,14 +3,20 @@ the voice_to_voice and barge_in benchmarks."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Final
+
 from services.common.stats import percentile
-from services.loadtest.stats import STAGES
 from services.plan.figures import Figure, derived, fmt, measured
 from services.plan.inputs import BargeIn, Loadtest, MeasurementFile, VoiceToVoice
 from services.plan.model import Latency, PlanOptions, ReferenceLatency, StageLatency
 from services.plan.sessions import judge_loadtest
 
 QUANTILES = ("p50", "p95", "p99")
+STAGES: Final = ("end_of_turn", "asr", "response", "voice_to_voice", "time_to_silence")
+"""The loadtest's stages the plan publishes as latencies. Not `gateway_added`: a time less a
+mean, negative wherever the engines worked before the turn ended (speculative transcripts,
+prepared replies), and dependent on which services the run watched."""
 
 
 def latency_at(
@@ -19,7 +25,7 @@ def latency_at(
     """Per-stage latency at `target` sessions: measured there, or interpolated between the
     levels either side (ESTIMATE); never extrapolated."""
     levels = test.levels
-    within = judge_loadtest(test, options or PlanOptions()).within
+    within = _within(judge_loadtest(test, options or PlanOptions()).verdicts)
     exact = [i for i, level in enumerate(levels) if level.sessions == target]
     if exact:
         return _measured_at(test, exact[-1], within)
@@ -39,6 +45,11 @@ def latency_at(
     return _interpolated_at(test, lo, hi, target, within)
 
 
+def _within(verdicts: Sequence[str]) -> list[bool | None]:
+    """Per level: within the budget, over it, or None: too few turns to say."""
+    return [None if v == "too_few_turns" else v == "within" for v in verdicts]
+
+
 def _stage_figure(test: Loadtest, index: int, stage: str, q: str) -> Figure | None:
     stats = test.levels[index].stages_ms.get(stage)
     value = getattr(stats, q) if stats is not None else None
@@ -47,7 +58,7 @@ def _stage_figure(test: Loadtest, index: int, stage: str, q: str) -> Figure | No
     return measured(value, "ms", test, f"levels[{index}].stages_ms.{stage}.{q}")
 
 
-def _measured_at(test: Loadtest, index: int, within: list[bool]) -> Latency:
+def _measured_at(test: Loadtest, index: int, within: list[bool | None]) -> Latency:
     level = test.levels[index]
     stages = [
         StageLatency(
@@ -67,7 +78,9 @@ def _measured_at(test: Loadtest, index: int, within: list[bool]) -> Latency:
     )
 
 
-def _interpolated_at(test: Loadtest, lo: int, hi: int, target: int, within: list[bool]) -> Latency:
+def _interpolated_at(
+    test: Loadtest, lo: int, hi: int, target: int, within: list[bool | None]
+) -> Latency:
     low, high = test.levels[lo], test.levels[hi]
     stages = []
     for stage in STAGES:

@@ -4,25 +4,28 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from services.plan.figures import Figure, Out
 
 
 class PlanOptions(Out):
+    model_config = ConfigDict(frozen=True, allow_inf_nan=False)
+    """Finite, and bounded where a number past the bound would overflow the arithmetic."""
+
     target_sessions: int | None = Field(default=None, ge=1)
     users: int | None = Field(default=None, ge=1)
     concurrency_ratio: float | None = Field(default=None, gt=0, le=1)
-    turns_per_minute: float | None = Field(default=None, gt=0)
+    turns_per_minute: float | None = Field(default=None, ge=0.001, le=600)
     headroom: float = Field(default=0.0, ge=0, le=10)
-    asr_calls_per_turn: float = Field(default=1.0, gt=0)
-    reply_s_per_turn: float | None = Field(default=None, gt=0)
+    asr_calls_per_turn: float = Field(default=1.0, ge=0.01, le=1000)
+    reply_s_per_turn: float | None = Field(default=None, ge=0.01, le=3600)
     hosts_for: list[Annotated[int, Field(ge=1)]] = Field(
         default_factory=lambda: [1_000, 10_000, 50_000], min_length=1
     )
     gateway_host_cores: int = Field(default=16, ge=2, le=1024)
-    redis_turns_per_s: float | None = Field(default=None, gt=0)
-    budget_ms: float | None = Field(default=None, gt=0)
+    redis_turns_per_s: float | None = Field(default=None, ge=0.001, le=1e9)
+    budget_ms: float | None = Field(default=None, gt=0, le=600_000)
     """Voice-to-voice p95 budget to judge every loadtest by (default: each file's own)."""
 
 
@@ -38,7 +41,9 @@ class Latency(Out):
     sessions: int
     basis: Literal["measured", "interpolated"]
     levels: list[int]
-    within_budget: list[bool]
+    within_budget: list[bool | None]
+    """Per level: within the voice-to-voice budget, over it, or None: too few turns for its
+    p95 to say."""
     stages: list[StageLatency]
 
 
@@ -70,6 +75,10 @@ class EngineBasis(Out):
     label: str
     gpu: bool
     turns_per_s: Figure
+    pace: Figure | None = None
+    """Turns per session-minute its sessions took when it carried `turns_per_s` (a measured
+    loadtest: sessions convert to turns/s at this pace, any other is a rescale, an
+    ESTIMATE); None: an engine throughput, the same at any pace."""
 
 
 class HostRow(Out):
@@ -79,8 +88,8 @@ class HostRow(Out):
     turns_per_s: Figure | None
     gateway_processes: Figure | None
     gateway_hosts: Figure | None
-    engine_hosts: list[Figure]
-    """One per `MultiHost.engine_bases`, in order."""
+    engine_hosts: list[Figure | None]
+    """One per `MultiHost.engine_bases`, in order (None: no pace to count turns by)."""
     redis_masters: Figure | None
     redis_nodes: Figure | None
 
@@ -89,13 +98,16 @@ class SeedRow(Out):
     seed: str
     claim: str
     theirs: str
-    ours: list[Figure]
-    """Ours under the seed's assumptions: one per engine basis (or gateway figure)."""
+    ours: list[Figure | None]
+    """Ours under the seed's assumptions: one per engine basis (None: no pace for it)."""
     how: str
 
 
 class MultiHost(Out):
     pace: Figure | None
+    """The pace of the turns/s column and Redis."""
+    pace_how: str = "--turns-per-minute"
+    """Where `pace` came from."""
     sessions_per_gateway: Figure | None
     gateways_per_host: Figure
     redis_turns_per_s: Figure | None
@@ -121,6 +133,9 @@ class Setup(Out):
     sizing: list[Sizing]
     measured_turns_per_s: Figure | None = None
     """Turns/s at the capacity level (the whole stack on this machine)."""
+    measured_pace: Figure | None = None
+    """Turns per session-minute at the capacity level: the pace `measured_turns_per_s` was
+    carried at."""
     engine_turns_per_s: Figure | None = None
     """ESTIMATE: turns/s one ASR and one TTS device carry, from the engine benchmarks."""
     missing: list[str]

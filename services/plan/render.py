@@ -103,7 +103,7 @@ def _setup_markdown(number: int, setup: Setup, o: PlanOptions, cite: Citations) 
         out.append(
             f"| measured: most sessions within the voice-to-voice budget | "
             f"{as_text(setup.measured_sessions)} {cite(setup.measured_sessions)} | "
-            f"{setup.measured_sessions.formula}; every smaller level within too |"
+            f"{setup.measured_sessions.formula}; every smaller level judged within too |"
         )
     elif not setup.estimates:
         out.append("| — | — | neither a loadtest nor an engine estimate: see Missing |")
@@ -153,8 +153,9 @@ def _latency_markdown(setup: Setup, cite: Citations) -> list[str]:
     latency = setup.latency
     if latency is None:
         return []
+    said = {True: "within", False: "over", None: "too few turns to judge by"}
     ok = ", ".join(
-        f"level {n}: {'within' if v else 'over'} the voice-to-voice budget"
+        f"level {n}: {said[v]} the voice-to-voice budget"
         for n, v in zip(latency.levels, latency.within_budget, strict=True)
     )
     if latency.basis == "measured":
@@ -220,8 +221,10 @@ def _multi_host_markdown(view: MultiHost, cite: Citations) -> list[str]:
         "## Many hosts",
         "",
         "Gateway hosts, engine hosts (one ASR and one TTS device each, the dual-gpu layout) "
-        "and Redis nodes for each number of concurrent sessions, at "
-        f"{pace} turns per session-minute. Capacities:",
+        "and Redis nodes for each number of concurrent sessions. Turns/s and Redis at "
+        f"{pace} turns per session-minute ({view.pace_how}); the engine hosts of a measured "
+        "basis at the pace its own loadtest ran at, unless --turns-per-minute sets one (a "
+        "basis counted at another pace than its own is a rescale: ESTIMATE). Capacities:",
         "",
         f"- sessions per gateway process: {_figure(view.sessions_per_gateway, cite)}",
         f"- gateway processes per host: {_figure(view.gateways_per_host, cite)} "
@@ -231,9 +234,14 @@ def _multi_host_markdown(view: MultiHost, cite: Citations) -> list[str]:
     letters = [chr(ord("A") + i) for i in range(len(view.engine_bases))]
     for letter, basis in zip(letters, view.engine_bases, strict=True):
         how = f" — {basis.turns_per_s.formula}" if basis.turns_per_s.formula else ""
+        paced = (
+            f" at {_figure(basis.pace, cite)} turns per session-minute"
+            if basis.pace is not None
+            else ""
+        )
         out.append(
             f"- engine host {letter}: {basis.label}: "
-            f"{_figure(basis.turns_per_s, cite)} turns/s{how}"
+            f"{_figure(basis.turns_per_s, cite)} turns/s{paced}{how}"
         )
     head = ["sessions", "turns/s", "gateway processes", "gateway hosts"]
     head += [f"engine hosts ({letter})" for letter in letters]

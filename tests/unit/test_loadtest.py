@@ -13,6 +13,7 @@ import pytest
 
 from services.client.stream import write_wav
 from services.loadtest.breakdown import Histogram, engine_ms
+from services.loadtest.capacity import MIN_P95_SAMPLES
 from services.loadtest.cli import add_loadtest_command, main
 from services.loadtest.contract import Conversation
 from services.loadtest.level import LevelPart, judge, level_report, mark_growth
@@ -235,9 +236,12 @@ def run_of(v2v_s: float, errors: int = 0) -> SessionRun:
     return SessionRun(conversation, turns, send_lag_ms=[1.0, 2.0])
 
 
-def level_of(sessions: int, v2v_s: float, budget_ms: float = 2000.0) -> dict[str, Any]:
+def level_of(
+    sessions: int, v2v_s: float, budget_ms: float = 2000.0, turns: int = MIN_P95_SAMPLES
+) -> dict[str, Any]:
+    """A level of `turns` answered turns (one per simulated session record)."""
     part = LevelPart()
-    for _ in range(sessions):
+    for _ in range(turns):
         part.add_session(run_of(v2v_s))
     level = level_report(part, sessions, 10.0, engine_ms=200.0, server={})
     judge(level, budget_ms)
@@ -264,7 +268,7 @@ def test_level_report_fills_the_schema() -> None:
     assert level["client"]["send_lag_ms"] == {"p50": 1.0, "p99": 2.0, "max": 2.0}  # 1,1,2,2
     assert set(level["stages_ms"]) == set(STAGES)
     # a session refused: not within any budget however fast the others were answered
-    assert judge(level, 5000.0) is False
+    assert judge(level, 5000.0) == "over" and level["within_budget"] is False
     assert level["over_budget"] == "1 of 3 sessions could not connect"
 
 
@@ -290,7 +294,7 @@ def test_a_level_is_judged_by_its_voice_to_voice_p95_and_the_client_stage_that_g
     mark_growth(levels)  # no services' metrics here: the client stages tell
     assert [level["grows"] for level in levels] == [None, "response", "response", "response"]
     unknown = level_of(1, 1.0)
-    assert judge(unknown, None) is False
+    assert judge(unknown, None) == "over"
     assert unknown["over_budget"] == "no budget: the one-session level answered no turn"
 
 

@@ -59,12 +59,30 @@ def test_engine_hosts_measured_and_estimated_in_turns_per_second() -> None:
     measured, estimated = hosts.engine_bases  # the fake loadtest is no engine basis
     assert measured.gpu and "measured loadtest" in measured.label
     assert measured.turns_per_s.value == 2.0 and not measured.turns_per_s.estimate
+    assert measured.pace is not None and measured.pace.value == 3  # 2.0 ÷ 40 × 60
     assert estimated.turns_per_s.value == pytest.approx(4.8)  # min(150 ÷ 1, 24 ÷ 5)
-    assert estimated.turns_per_s.estimate
+    assert estimated.turns_per_s.estimate and estimated.pace is None
     (row,) = hosts.rows
-    assert [f.value for f in row.engine_hosts] == [50, 21]  # ceil(100 ÷ 2), ceil(100 ÷ 4.8)
-    assert row.engine_hosts[1].estimate and not row.engine_hosts[0].estimate
+    hosts_of = [f.value if f is not None else None for f in row.engine_hosts]
+    assert hosts_of == [50, 21]  # ceil(1000 × 6 ÷ 60 ÷ 2), ceil(100 ÷ 4.8)
+    # both ESTIMATEs: the GPU host carried its 2 turns/s at 3 turns per session-minute, and
+    # --turns-per-minute 6 counts it at another pace; the engine benchmarks are estimates
+    assert all(f is not None and f.estimate for f in row.engine_hosts)
+    assert row.engine_hosts[0] is not None and row.engine_hosts[0].formula is not None
+    assert "carried at 3 turns per session-minute, counted here at 6" in (
+        row.engine_hosts[0].formula
+    )
     assert hosts.missing == []  # a GPU host was measured
+
+
+def test_a_measured_host_is_counted_at_its_own_pace_and_not_marked() -> None:
+    """Without --turns-per-minute each measured basis converts sessions to turns at the pace
+    its own loadtest ran at: 1000 sessions on 40-session hosts are 25 hosts, measured."""
+    hosts = view(FAKE, GPU, ASR, TTS, **{**OPTIONS, "turns_per_minute": None})
+    (row,) = hosts.rows
+    measured, estimated = row.engine_hosts
+    assert measured is not None and measured.value == 25 and not measured.estimate
+    assert estimated is not None and estimated.estimate
 
 
 @pytest.mark.parametrize(("redis", "masters", "nodes"), [(200, 1, 3), (50, 2, 6), (10, 10, 20)])
@@ -89,12 +107,14 @@ def test_the_seeds_beside_ours_under_their_own_assumptions() -> None:
     first = seeds[0]
     assert first.theirs == "3 GPUs" and "200 req/min" in first.claim
     # 200 req/min = 3.33 turns/s: ceil(3.33 ÷ 2.0) × 2 GPUs and ceil(3.33 ÷ 4.8) × 2 GPUs
-    assert [f.value for f in first.ours] == [4, 2]
-    assert first.ours[0].sources[0].path.startswith("seed 003")
+    assert [f.value if f else None for f in first.ours] == [4, 2]
+    assert first.ours[0] is not None and first.ours[0].sources[0].path.startswith("seed 003")
+    # the seed's 0.2 turns per session-minute is not the 3 the GPU host was measured at
+    assert first.ours[0].estimate
     per_host = next(s for s in seeds if s.theirs == "100 sessions per host")
-    assert [f.value for f in per_host.ours] == [20, 48]  # 2.0 × 60 ÷ 6, 4.8 × 60 ÷ 6
+    assert [f.value if f else None for f in per_host.ours] == [20, 48]  # 2 × 60 ÷ 6, 4.8 × 60 ÷ 6
     per_gpu = next(s for s in seeds if s.theirs == "5 sessions per GPU")
-    assert [f.value for f in per_gpu.ours] == [10, 24]
+    assert [f.value if f else None for f in per_gpu.ours] == [10, 24]
 
 
 def test_without_a_fake_loadtest_the_gateway_figure_is_missing() -> None:

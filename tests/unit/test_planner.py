@@ -487,13 +487,13 @@ def test_one_engine_alone_is_an_upper_bound_said_so() -> None:
 def test_a_stage_without_samples_is_shown_as_not_measured() -> None:
     raw = json.loads(LITE.read_text())
     raw["levels"][2]["stages_ms"]["time_to_silence"] = None
-    raw["levels"][2]["stages_ms"]["gateway_added"] = {"count": 0, "p50": None, "p95": None}
+    raw["levels"][2]["stages_ms"]["end_of_turn"] = {"count": 0, "p50": None, "p95": None}
     parsed = parse_measurement(raw, "loadtest_no_barge_ins.json")
     assert parsed is not None
     latency = build_plan([parsed], PlanOptions(target_sessions=10)).setups[0].latency
     assert latency is not None
     stages = {s.stage: s for s in latency.stages}
     assert "time_to_silence" not in stages
-    assert stages["gateway_added"].p50 is None and stages["gateway_added"].count == 0
+    assert stages["end_of_turn"].p50 is None and stages["end_of_turn"].count == 0
     text = render_markdown(build_plan([parsed], PlanOptions(target_sessions=10)))
-    assert "| gateway_added | — | — | — | 0 |" in text
+    assert "| end_of_turn | — | — | — | 0 |" in text
