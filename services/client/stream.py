@@ -248,9 +248,10 @@ class StreamClient:
         """Stream audio at real-time pace (resampled to the session's input rate).
 
         A live microphone hears a little silence before speech: `lead_silence_ms` of it
-        is sent first. `last_speech_sent_at` is when, at that pace, the speech in `audio`
-        ended: the silence a clip or a recording ends with is sent too (a microphone would
-        send it), but the agent may answer during it.
+        is sent first. `last_speech_sent_at` is when the frame holding the speech's last
+        voiced sample was sent (voice-to-voice starts there: the earliest the gateway can
+        have heard the end): the silence a clip or a recording ends with is sent too (a
+        microphone would send it), but the agent may answer during it.
         """
         received = self._received
         input_rate = rate if rate in ALLOWED_SAMPLE_RATES else 16000
@@ -265,17 +266,21 @@ class StreamClient:
         audio = np.concatenate([lead, audio])
         step = input_rate * frame_ms // 1000
         frames = (float_to_pcm16(audio[i : i + step]) for i in range(0, audio.size, step))
-        await self._paced(frames, frame_ms)
-        quiet_s = (audio.size - speech_end(audio)) / input_rate
-        received.last_speech_sent_at = time.monotonic() - quiet_s
+        last_voiced = max(0, speech_end(audio) - 1) // step
+        await self._paced(frames, frame_ms, mark=(last_voiced, received))
         return received
 
     async def _paced(
-        self, frames: Iterable[bytes], frame_ms: int, until: Callable[[], bool] | None = None
+        self,
+        frames: Iterable[bytes],
+        frame_ms: int,
+        until: Callable[[], bool] | None = None,
+        mark: tuple[int, Received] | None = None,
     ) -> bool:
         """Send frames at real-time pace, stopping early once `until()` holds (then True).
 
-        How late each frame leaves against that pace goes to `send_lag_ms`.
+        How late each frame leaves against that pace goes to `send_lag_ms`; when frame
+        `mark[0]` leaves, `mark[1].last_speech_sent_at` is set.
         """
         start = time.monotonic()
         for i, frame in enumerate(frames):
@@ -283,6 +288,8 @@ class StreamClient:
                 return True
             late_s = time.monotonic() - (start + i * frame_ms / 1000)
             self.send_lag_ms.append(max(0.0, late_s * 1000))
+            if mark is not None and i == mark[0]:
+                mark[1].last_speech_sent_at = time.monotonic()
             await self.ws.send(frame)
             delay = start + (i + 1) * frame_ms / 1000 - time.monotonic()
             if delay > 0:
