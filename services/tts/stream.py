@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections import Counter
+from collections import Counter, deque
 from contextlib import aclosing
 
 from fastapi import WebSocket
@@ -26,7 +26,7 @@ from services.common.protocol.events import (
 from services.common.service.routes import ServiceState
 from services.common.service.ws import Channel, Disconnected
 from services.common.tenancy import DEFAULT_TENANT
-from services.tts.synthesizer import Synthesizer
+from services.tts.synthesizer import Synthesizer, until_stopped
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,10 @@ class TtsStream:
         self.requests: asyncio.Queue[Speak] = asyncio.Queue(MAX_QUEUED)
         self.pending: Counter[str] = Counter()
         """Ids queued or being spoken; a cancel for any other id is ignored."""
-        self.cancelled: set[str] = set()
+        self.stops: dict[str, deque[asyncio.Event]] = {}
+        """Per id, the stop of each of its requests queued or being spoken, oldest first
+        (requests are served in order): a cancel sets the ones there are when it comes,
+        never that of a request sent after it with the same id."""
 
     async def read(self) -> None:
         while True:
@@ -64,8 +67,8 @@ class TtsStream:
                 message = parse(TTS_CLIENT_EVENTS, frame.text)
                 request_id = message.id
                 if isinstance(message, CancelSpeak):
-                    if message.id in self.pending:  # late cancels must not poison a reused id
-                        self.cancelled.add(message.id)
+                    for stop in self.stops.get(message.id, ()):
+                        stop.set()
                 elif len(message.text) > self.max_input_chars:
                     raise InvalidMessage(f"text exceeds {self.max_input_chars} characters")
                 elif self.requests.full():
@@ -74,18 +77,26 @@ class TtsStream:
                     await self.synthesizer.check_voice(
                         message.voice, self.tenant
                     )  # fail early, by id
-                    self.requests.put_nowait(message)
+                    self.stops.setdefault(message.id, deque()).append(asyncio.Event())
                     self.pending[message.id] += 1
+                    self.requests.put_nowait(message)
             except VoiceAgentError as exc:  # one request refused; the connection goes on
                 await self.channel.send_error(
                     exc, request_id or _claimed_id(frame.text), fatal=False
+                )
+            except Exception as exc:  # ours (Redis out of reach, a bug): this message fails
+                log.exception("tts message %s failed", request_id)
+                await self.channel.send_error(
+                    InternalError.of(exc), request_id or _claimed_id(frame.text), fatal=False
                 )
 
     async def speak(self) -> None:
         while True:
             request = await self.requests.get()
+            stops = self.stops.get(request.id)
+            stop = stops[0] if stops else asyncio.Event()  # the oldest of its id: this one
             try:
-                await self._speak_one(request)
+                await self._speak_one(request, stop)
             except VoiceAgentError as exc:
                 await self.channel.send_error(exc, request.id, fatal=False)
             except Disconnected:
@@ -94,31 +105,36 @@ class TtsStream:
                 log.exception("tts request %s failed", request.id)
                 await self.channel.send_error(InternalError.of(exc), request.id, fatal=False)
             finally:
-                self.pending[request.id] -= 1
-                if self.pending[request.id] <= 0:
-                    del self.pending[request.id]
-                    self.cancelled.discard(request.id)
+                self._finished(request.id)
 
-    async def _speak_one(self, request: Speak) -> None:
+    def _finished(self, request_id: str) -> None:
+        self.pending[request_id] -= 1
+        if self.pending[request_id] <= 0:
+            del self.pending[request_id]
+        stops = self.stops.get(request_id)
+        if stops:
+            stops.popleft()
+            if not stops:
+                del self.stops[request_id]
+
+    async def _speak_one(self, request: Speak, stop: asyncio.Event) -> None:
+        """Speak one request; a cancel (`stop`) ends it at once, even while the engine is
+        in the middle of a piece (the engine is told to stop and its slot follows)."""
         rate = request.sample_rate or self.default_rate
         await self.channel.send(AudioStart(id=request.id, sample_rate=rate))
         samples = 0
-        status: str = "completed"
         speech = self.synthesizer.request(request.text, request.voice, request)
-        if request.id not in self.cancelled:
-            async with aclosing(self.synthesizer.stream(speech, rate, self.tenant)) as chunks:
-                async for chunk in chunks:
-                    if request.id in self.cancelled:
-                        break
+        if not stop.is_set():
+            chunks = until_stopped(self.synthesizer.stream(speech, rate, self.tenant), stop)
+            async with aclosing(chunks) as audio:
+                async for chunk in audio:
                     await self.channel.send_audio(float_to_pcm16(chunk))
                     samples += chunk.size
-        if request.id in self.cancelled:
-            status = "cancelled"
         await self.channel.send(
             AudioDone(
                 id=request.id,
                 audio_ms=samples_to_ms(samples, rate),
-                status="cancelled" if status == "cancelled" else "completed",
+                status="cancelled" if stop.is_set() else "completed",
             )
         )
 
@@ -160,6 +176,9 @@ async def serve_tts_stream(
         pass
     except* VoiceAgentError as group:
         await channel.fail(group.exceptions[0])  # type: ignore[arg-type]
+    except* Exception as group:  # a bug: the client is told, with the close code that says so
+        log.error("tts stream failed", exc_info=group.exceptions[0])
+        await channel.fail(InternalError.of(group.exceptions[0]))
     finally:
         state.connection_closed()
         await channel.close(1000)
