@@ -16,7 +16,9 @@ import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.responses import Response
 from starlette.routing import Mount
+from starlette.types import Scope
 
 from services.common.auth.api_keys import KeyStore
 from services.common.auth.relay import relay_headers
@@ -25,12 +27,29 @@ from services.gateway.settings import GatewaySection
 
 STATIC_DIR = Path(__file__).parent / "static"
 _HEADERS = {
+    # connect-src 'self' covers the page's own ws:/wss: to the same host (CSP Level 3, as
+    # browsers implement it: tests/e2e/test_browser.py checks it in Chromium)
     "Content-Security-Policy": (
-        "default-src 'self'; connect-src 'self' ws: wss:; media-src 'self' blob:; "
-        "img-src 'self' data:; style-src 'self'; script-src 'self'"
+        "default-src 'self'; connect-src 'self'; media-src 'self' blob:; "
+        "img-src 'self' data:; style-src 'self'; script-src 'self'; "
+        "frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
     ),
+    "X-Frame-Options": "DENY",  # frame-ancestors for browsers that predate it
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    # revalidate every time (ETag/Last-Modified make it cheap): a gateway upgraded under an
+    # open tab must not leave it running yesterday's app.js against today's protocol
     "Cache-Control": "no-cache",
 }
+
+
+class _PageFiles(StaticFiles):
+    """The page's files, each with the page's headers (CSP, no framing, no-cache)."""
+
+    async def get_response(self, path: str, scope: Scope) -> Response:
+        response = await super().get_response(path, scope)
+        response.headers.update(_HEADERS)
+        return response
 
 
 def static_router(section: GatewaySection, keys: KeyStore) -> APIRouter:
@@ -45,9 +64,9 @@ def static_router(section: GatewaySection, keys: KeyStore) -> APIRouter:
 
         @router.get("/demo", include_in_schema=False)
         async def demo() -> RedirectResponse:
-            return RedirectResponse("/")
+            return RedirectResponse("/", headers=_HEADERS)
 
-        router.routes.append(Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"))
+        router.routes.append(Mount("/static", _PageFiles(directory=STATIC_DIR), name="static"))
 
     @router.get("/v1/voices", response_model=None)
     async def voices(request: Request) -> dict[str, Any] | JSONResponse:

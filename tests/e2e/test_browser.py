@@ -19,6 +19,7 @@ import time
 import wave
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -79,34 +80,56 @@ def _wav(path: Path) -> Path:
     return path
 
 
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[Any]:
-    """A headless Chromium context with a fresh profile and the wav as its microphone."""
+@contextmanager
+def launch_chromium(wav: Path) -> Iterator[Any]:
+    """Headless Chromium (a fresh temporary profile) with the wav as its microphone."""
     from playwright.sync_api import sync_playwright
 
-    wav = _wav(tmp_path / "mic.wav")
     with sync_playwright() as driver:
-        context = driver.chromium.launch_persistent_context(
-            user_data_dir=str(tmp_path / "profile"),  # fresh every run
+        chromium = driver.chromium.launch(
             executable_path=CHROMIUM,
             headless=True,
             args=[*FLAGS, f"--use-file-for-fake-audio-capture={wav}"],
-            viewport={"width": 900, "height": 900},
-            bypass_csp=True,  # lets wait_for_function evaluate strings; the page keeps its CSP
         )
         try:
-            yield context
+            yield chromium
         finally:
-            context.close()
+            chromium.close()
+
+
+def new_context(chromium: Any, strict: bool = False) -> Any:
+    """A fresh context (its own cookies, storage, cache). Not `strict`, it ignores the
+    page's CSP, which lets wait_for_function evaluate strings; `strict` enforces it."""
+    return chromium.new_context(viewport={"width": 900, "height": 900}, bypass_csp=not strict)
+
+
+@pytest.fixture(scope="module")
+def chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One Chromium for the module's tests (each gets its own context)."""
+    with launch_chromium(_wav(tmp_path_factory.mktemp("mic") / "mic.wav")) as launched:
+        yield launched
+
+
+@pytest.fixture
+def browser(chromium: Any) -> Iterator[Any]:
+    context = new_context(chromium)
+    try:
+        yield context
+    finally:
+        context.close()
 
 
 @pytest.fixture
 def page(browser: Any) -> Any:
-    return browser.pages[0] if browser.pages else browser.new_page()
+    return browser.new_page()
 
 
 def _wait(page: Any, condition: str, timeout_s: float, arg: Any = None) -> Any:
-    return page.wait_for_function(condition, arg=arg, timeout=timeout_s * 1000).json_value()
+    """`condition`'s first truthy value, evaluated every 50 ms (not on animation frames,
+    which a page in the background barely gets)."""
+    return page.wait_for_function(
+        condition, arg=arg, timeout=timeout_s * 1000, polling=50
+    ).json_value()
 
 
 def test_a_spoken_conversation_in_the_browser(lite_stack: Stack, page: Any) -> None:
@@ -188,10 +211,12 @@ def test_a_spoken_conversation_in_the_browser(lite_stack: Stack, page: Any) -> N
 
 
 def test_a_token_rides_in_a_subprotocol_and_a_full_gateway_says_so(
-    redis_server: RedisProc, browser: Any
+    redis_server: RedisProc, chromium: Any, browser: Any
 ) -> None:
     """A real browser accepts the gateway's subprotocol answer (the token path of auth), and
-    a refused session shows the capacity message (close 1013) instead of failing silently."""
+    a refused session shows the capacity message (close 1013) instead of failing silently.
+    Under its own CSP (connect-src 'self') the page still opens its WebSocket to its own
+    host, and no other page may frame it."""
     from services.gateway.app import create_app
     from services.gateway.settings import GatewaySection, GatewaySettings
 
@@ -204,14 +229,12 @@ def test_a_token_rides_in_a_subprotocol_and_a_full_gateway_says_so(
         settings.llm.base_url = f"{llm.http}/v1"
         with ServerThread(create_app(settings)) as gateway:
             _token_and_capacity(browser, gateway)
+            _under_its_own_csp(chromium, gateway)
 
 
 def _token_and_capacity(browser: Any, gateway: ServerThread) -> None:
     """The first page connects with its token; the second is refused (capacity 1)."""
-    first, second = (
-        browser.pages[0] if browser.pages else browser.new_page(),
-        browser.new_page(),
-    )
+    first = browser.new_page()
     first.goto(f"{gateway.http}/#token=t0k-123")
     assert first.input_value("#token") == "t0k-123"
     assert "t0k" not in first.url  # taken out of the address bar
@@ -222,6 +245,7 @@ def _token_and_capacity(browser: Any, gateway: ServerThread) -> None:
     assert first.evaluate("window.voiceAgent.agent") == "openai"
     first.select_option("#agent", "echo")
     _wait(first, "window.voiceAgent.agent === 'echo'", 10)
+    second = browser.new_page()
     second.goto(f"{gateway.http}/")
     second.click("#connect")
     _wait(second, "window.voiceAgent.closes.length > 0", 30)
@@ -231,6 +255,34 @@ def _token_and_capacity(browser: Any, gateway: ServerThread) -> None:
     assert second.evaluate("window.voiceAgent.errors[0].code") == "capacity"
     # no voice list without a TTS service: the page says so and keeps the default
     assert "Voice list unavailable" in first.inner_text("#log")
+    first.bring_to_front()  # a page in the background gets few animation frames
+    first.click("#disconnect")  # its seat, for the next page
+    _wait(first, "window.voiceAgent.closes.length > 0", 10)
+
+
+def _under_its_own_csp(chromium: Any, gateway: ServerThread) -> None:
+    """A context that enforces the page's CSP (wait_for_function cannot evaluate strings
+    there: the waits are on the page's DOM)."""
+    context = new_context(chromium, strict=True)
+    try:
+        page = context.new_page()
+        violations: list[str] = []
+        page.on(
+            "console", lambda m: violations.append(m.text) if "Content Security" in m.text else None
+        )
+        page.goto(f"{gateway.http}/")
+        page.click("#connect")
+        page.wait_for_selector("#status.live", timeout=30_000)  # ws:// to its own host
+        assert not violations, violations
+        page.click("#disconnect")
+        page.wait_for_selector("#status.idle", timeout=10_000)
+        # another page frames it (with the microphone allowed): the browser refuses
+        framing = context.new_page()
+        framing.set_content(f'<iframe src="{gateway.http}/" allow="microphone"></iframe>')
+        framed = [frame for frame in framing.frames if frame is not framing.main_frame]
+        assert len(framed) == 1 and framed[0].query_selector("#connect") is None, framed[0].url
+    finally:
+        context.close()
 
 
 async def _cli_turns(url: str, turns: int) -> list[dict[str, float]]:
@@ -277,10 +329,61 @@ def _record(
         "wall_s": round(wall_s, 1),
         "notes": "voice_to_voice: the frame holding the end of speech (speech.stopped's "
         "audio_end_ms) sent -> the first agent audio frame received, as `voice-agent client` "
-        "measures; _played: to the first sample out of the player worklet (60 ms jitter buffer). "
+        "measures; _played: to the first sample out of the player worklet (its jitter buffer: "
+        "60 ms, or 1.5 of the largest frame, grown by underruns up to 300 ms). "
         "cli_voice_to_voice_ms: the same sentence from StreamClient (`voice-agent client`): "
         "its last frame sent -> first agent audio received. after_turn_end_ms: speech.stopped "
         "received -> first agent audio received (leaves out the end-of-turn wait, which the "
         "smart-turn policy sometimes stretches to its 2 s fallback on this sentence).",
     }
     (ARTIFACTS / "browser_test.json").write_text(json.dumps(result, indent=2) + "\n")
+
+
+PLAYER_RUN = """source => {
+  // worklet.js as the audio thread runs it (24 kHz, quanta of 128 samples), clocked here:
+  // each chunk is handed to the player at its arrival time, between two quanta
+  const made = {};
+  const Processor = class { constructor() { this.port = { postMessage() {} }; } };
+  new Function("AudioWorkletProcessor", "registerProcessor", "sampleRate", source)(
+    Processor, (name, processor) => { made[name] = processor; }, 24000);
+  const run = (chunkMs, arrivals) => {
+    const player = new made["va-player"]({ processorOptions: { jitterMs: 60 } });
+    const out = [[new Float32Array(128)]];
+    let next = 0;
+    for (let q = 0; (q * 128) / 24 <= arrivals[arrivals.length - 1] + 10; q++) {
+      while (next < arrivals.length && arrivals[next] <= (q * 128) / 24) {
+        player.onMessage({ type: "audio", pcm: new Int16Array(24 * chunkMs).buffer });
+        next++;
+      }
+      player.process([], out);
+    }
+    return { underruns: player.underruns, prebufferMs: player.prebufferMs };
+  };
+  const times = (n, every, late = () => 0) =>
+    Array.from({ length: n }, (_, k) => every * k + late(k));
+  return {
+    // a full-duplex model's 80 ms frames, each 0-40 ms late (a fixed spread)
+    duplex: run(80, times(125, 80, (k) => (k * 37) % 41)),
+    // the cascade's 40 ms frames, on time
+    cascade: run(40, times(250, 40)),
+    // 40 ms frames every 200 ms: a stream that cannot keep up, an underrun each time
+    starved: run(40, times(100, 200)),
+  };
+}"""
+
+
+def test_the_player_buffers_more_than_a_frame_and_grows_after_underruns_up_to_a_bound(
+    browser: Any,
+) -> None:
+    """The player's jitter buffer (worklet.js, run with a simulated clock in the browser's
+    JavaScript engine): 80 ms frames that arrive up to 40 ms late play without a gap (a
+    60 ms buffer, shorter than one frame, ran dry on every late one); the cascade's 40 ms
+    frames keep the 60 ms buffer; underruns grow it, never past 300 ms."""
+    source = (
+        Path(__file__).resolve().parents[2] / "services/gateway/static/worklet.js"
+    ).read_text()
+    page = browser.new_page()
+    runs = page.evaluate(PLAYER_RUN, source)
+    assert runs["duplex"] == {"underruns": 0, "prebufferMs": 120}, runs
+    assert runs["cascade"] == {"underruns": 0, "prebufferMs": 60}, runs
+    assert runs["starved"]["underruns"] > 10 and runs["starved"]["prebufferMs"] == 300, runs

@@ -12,14 +12,46 @@ def _client(**section: object) -> TestClient:
     return TestClient(create_app(GatewaySettings(gateway=GatewaySection(**section))))  # type: ignore[arg-type]
 
 
+PAGE_FILES = (
+    "/",
+    "/static/index.html",
+    "/static/app.js",
+    "/static/worklet.js",
+    "/static/style.css",
+)
+
+
 def test_the_page_and_its_files_are_served_with_a_strict_csp() -> None:
+    """Every file of the page, under any name, gets the same headers: a CSP that lets it
+    talk only to its own origin and be framed by no one (another site framing it with
+    allow=microphone would drive the user's agent), no sniffing, no referrer."""
     client = _client(tts_url=None)
     page = client.get("/")
     assert page.status_code == 200 and "/static/app.js" in page.text
-    assert "script-src 'self'" in page.headers["content-security-policy"]
-    for name in ("app.js", "worklet.js", "style.css"):
-        assert client.get(f"/static/{name}").status_code == 200, name
+    for path in PAGE_FILES:
+        response = client.get(path)
+        assert response.status_code == 200, path
+        csp = response.headers.get("content-security-policy", "")
+        assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp, (path, csp)
+        connect = next(d for d in csp.split(";") if d.strip().startswith("connect-src"))
+        assert connect.split() == ["connect-src", "'self'"], (path, csp)  # not any ws: host
+        assert response.headers.get("x-frame-options") == "DENY", path
+        assert response.headers.get("x-content-type-options") == "nosniff", path
+        assert response.headers.get("referrer-policy") == "no-referrer", path
     assert client.get("/static/nope.js").status_code == 404
+
+
+def test_the_page_and_its_files_are_revalidated_on_every_load() -> None:
+    """A gateway upgraded under an open tab must not leave it running a cached app.js
+    against a new protocol: every file is revalidated (no-cache), cheaply (a 304 for an
+    unchanged ETag)."""
+    client = _client(tts_url=None)
+    for path in PAGE_FILES:
+        response = client.get(path)
+        assert response.headers.get("cache-control") == "no-cache", path
+    etag = client.get("/static/app.js").headers["etag"]
+    again = client.get("/static/app.js", headers={"If-None-Match": etag})
+    assert again.status_code == 304 and again.headers.get("cache-control") == "no-cache"
 
 
 def test_voices_without_a_tts_service_is_an_openai_shaped_503() -> None:

@@ -4,16 +4,28 @@
 
 const RATES = [8000, 16000, 24000, 48000];
 const WANTED_RATE = 24000; // one rate both ways: the gateway's output rate, no resampling
-const JITTER_MS = 60;
+const JITTER_MS = 60; // the player's smallest prebuffer; it grows to the frames it gets
+
+// A session outlives its connection: the gateway keeps it for its resume window
+// (VA_GATEWAY__RESUME_WINDOW_S, 300 s by default; docs/protocol.md "Reconnect"), and
+// /v1/stream?session_id=ID within it takes it up again, history and all. The page retries
+// with backoff, well inside that window, then gives up and says so.
+const DEFAULTS = {
+  retryBaseMs: 500, // first wait before a reconnect; doubled each attempt...
+  retryMaxMs: 8000, // ...up to this
+  retryForMs: 120000, // give up when the first failed attempt is this old
+  connectTimeoutMs: 10000, // a socket not open by then is a failed attempt (and a probe, unanswered)
+  maxUnsentMs: 1000, // microphone audio the socket may hold unsent before it counts as stalled
+};
 
 const CLOSE_MESSAGES = {
   1000: "Session ended.",
-  1001: "The gateway is shutting down.",
-  1006: "Connection lost: the gateway is unreachable or dropped the connection.",
-  1008: "Refused by policy: check the token (when auth is on) or this page's origin.",
+  1001: "The gateway is going away.",
+  1006: "Connection lost.",
+  1008: "The gateway ended the session (policy).",
   1009: "A message was too big for the gateway.",
   1011: "The gateway hit an internal error (see its log).",
-  1012: "The gateway is restarting: reconnecting to the same session…",
+  1012: "The gateway is restarting.",
   1013: "The gateway is at capacity: try again in a moment.",
 };
 
@@ -25,25 +37,33 @@ const ERROR_MESSAGES = {
   asr_unavailable: "Speech recognition is unavailable (is the ASR service running?)",
   tts_unavailable: "Speech synthesis is unavailable (is the TTS service running?)",
   agent_failed: "The agent failed to answer",
-  rate_limited: "Too many requests: slow down",
-  unauthorized: "Authentication failed: check the token",
+  rate_limited: "Too many requests or sessions for this tenant: slow down",
+  quota_exceeded: "The tenant's daily audio quota is used up",
+  unauthorized: "The token was refused",
+  forbidden: "Not allowed (this page's origin, or a session of another tenant)",
+  not_supported: "The agent's backend does not take this request",
+  duplex_unavailable: "The full-duplex model service is unavailable",
   internal: "The gateway hit an internal error",
 };
 
 const $ = (id) => document.getElementById(id);
 
 const va = {
-  state: "idle",
+  state: "idle", // idle | connecting | live | reconnecting
   sessionId: null,
+  session: null, // the session as the gateway last described it
   counters: {
     sentFrames: 0, sentSamples: 0, receivedSamples: 0, playedSamples: 0, queuedSamples: 0,
-    clears: 0, clearedSamples: 0, underruns: 0, turns: 0,
+    clears: 0, clearedSamples: 0, underruns: 0, turns: 0, unsentFrames: 0, prebufferMs: JITTER_MS,
   },
   transcripts: [], // final user transcripts
   responses: {}, // response_id → {text, status, heard, utterance_id, ...timings}
   latencies: [], // per answered turn: {response_id, v2v_ms, v2v_played_ms}
   errors: [], // {code, message, fatal}
   closes: [], // {code, reason, message}
+  refusals: [], // why a socket closed before it opened, as the REST API told: {status, code, message}
+  resumes: 0, // sessions taken up again after a lost connection
+  stalls: 0, // sockets given up because the network stopped taking the audio
   pageToFirstAudioMs: null,
   lastClear: null,
   userSpeaking: false, // between speech.started and speech.stopped
@@ -51,6 +71,7 @@ const va = {
   sampleRate: null,
   agent: null, // the session's agent, as the gateway last said
   agents: null, // GET /v1/agents: {agents, default, notice}
+  config: { ...DEFAULTS },
   connect: () => connect(),
   disconnect: () => disconnect(),
   say: (text) => send({ type: "response.create", text }),
@@ -59,6 +80,7 @@ const va = {
 window.voiceAgent = va;
 
 let ws = null;
+let sock = null; // the current socket's own state: {ws, opened, fatal, resuming, leaving, timer}
 let ctx = null;
 let mic = null;
 let player = null;
@@ -66,7 +88,11 @@ let streamSamples = 0; // samples sent on this socket (the gateway's clock of th
 let sentLog = []; // [last sample index of a frame, performance.now() when it was sent]
 let speechEnds = {}; // utterance_id → when the frame holding its end was sent
 let current = null; // the response being received
-let resumeOnce = false;
+let resumeId = null; // the session a (re)connect asks for; null: a new one
+let retry = { attempt: 0, since: null, timer: null };
+let pending = {}; // voice/agent the user picked that no gateway has been told yet
+let listsToken = null; // the token the voice and agent lists were asked with
+let listsRound = 0;
 
 function setStatus(text, kind = "idle") {
   const status = $("status");
@@ -95,6 +121,15 @@ function send(message) {
   if (ws && ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify(message));
 }
 
+function token() {
+  return $("token").value.trim();
+}
+
+function authHeaders() {
+  const t = token();
+  return t ? { Authorization: `Bearer ${t}` } : {};
+}
+
 function median(values) {
   if (!values.length) return null;
   const s = [...values].sort((a, b) => a - b);
@@ -111,52 +146,84 @@ function showMeters() {
   $("played").textContent = `${seconds.toFixed(1)} s`;
 }
 
-async function loadVoices() {
-  const select = $("voice");
+// ------------------------------------------------------------------ pickers
+
+function option(value, text) {
+  const o = document.createElement("option");
+  o.value = value;
+  o.textContent = text;
+  return o;
+}
+
+function showChoice(field, value) {
+  // the picker shows `value`, listed or not (a token may name a voice the list lacks)
+  if (value == null) return;
+  const select = $(field);
+  if (![...select.options].some((o) => o.value === value)) select.append(option(value, value));
+  select.value = value;
+}
+
+function shownChoice(field, listedDefault) {
+  if (pending[field] != null) return pending[field];
+  if (va.session) return va.session[field];
+  return listedDefault;
+}
+
+async function loadVoices(round) {
   try {
-    const token = $("token").value.trim();
-    const headers = token ? { Authorization: `Bearer ${token}` } : {};
-    const response = await fetch("/v1/voices", { headers });
+    const response = await fetch("/v1/voices", { headers: authHeaders() });
     if (!response.ok) throw new Error(`HTTP ${response.status}`);
     const listed = await response.json();
+    if (round !== listsRound) return;
+    const options = [option("default", "default")];
     for (const voice of listed.voices || []) {
       if (voice.id === "default") continue;
-      const option = document.createElement("option");
-      option.value = voice.id;
-      option.textContent = voice.name ? `${voice.name} (${voice.id})` : voice.id;
-      select.append(option);
+      options.push(option(voice.id, voice.name ? `${voice.name} (${voice.id})` : voice.id));
     }
+    $("voice").replaceChildren(...options);
+    showChoice("voice", shownChoice("voice", "default"));
   } catch (err) {
-    logLine("note", null, `Voice list unavailable (${err.message}): the default voice is used.`);
+    if (round === listsRound) {
+      logLine("note", null, `Voice list unavailable (${err.message}): the default voice is used.`);
+    }
   }
 }
 
-async function loadAgents() {
-  const select = $("agent");
+async function loadAgents(round) {
   try {
-    const token = $("token").value.trim();
-    const headers = token ? { Authorization: `Bearer ${token}` } : {};
-    const response = await fetch("/v1/agents", { headers });
+    const response = await fetch("/v1/agents", { headers: authHeaders() });
     if (!response.ok) throw new Error(`HTTP ${response.status}`);
     const listed = await response.json();
-    for (const agent of listed.agents || []) {
-      const option = document.createElement("option");
-      option.value = agent.id;
-      option.textContent = agent.id === listed.default ? `${agent.id} (default)` : agent.id;
-      select.append(option);
-    }
-    select.value = listed.default;
+    if (round !== listsRound) return;
+    const options = (listed.agents || []).map((agent) =>
+      option(agent.id, agent.id === listed.default ? `${agent.id} (default)` : agent.id));
+    $("agent").replaceChildren(...options);
+    showChoice("agent", shownChoice("agent", listed.default));
     va.agents = listed;
     if (listed.notice) logLine("note", null, `Agent: ${listed.notice}.`);
   } catch (err) {
-    logLine("note", null, `Agent list unavailable (${err.message}): the gateway's default answers.`);
+    if (round === listsRound) {
+      logLine("note", null, `Agent list unavailable (${err.message}): the gateway's default answers.`);
+    }
   }
 }
 
-function sessionChoices() {
-  const choices = { voice: $("voice").value };
-  if ($("agent").value) choices.agent = $("agent").value;
-  return choices;
+function loadLists() {
+  // the lists are the tenant's: asked again whenever the token changes
+  listsToken = token();
+  const round = ++listsRound;
+  return Promise.all([loadVoices(round), loadAgents(round)]);
+}
+
+function pick(field, value) {
+  // only what the user picks is sent: a session keeps the settings its token was minted with
+  if (ws && ws.readyState === WebSocket.OPEN) send({ type: "session.update", session: { [field]: value } });
+  else pending[field] = value;
+}
+
+function syncPickers(session) {
+  showChoice("voice", pending.voice ?? session.voice);
+  showChoice("agent", pending.agent ?? session.agent);
 }
 
 // ------------------------------------------------------------------ audio
@@ -205,9 +272,21 @@ function stopAudio() {
 }
 
 function onMicFrame(buffer) {
-  if (!ws || ws.readyState !== WebSocket.OPEN || va.state !== "live") return;
-  ws.send(buffer);
   const c = va.counters;
+  if (!ws || ws.readyState !== WebSocket.OPEN || va.state !== "live") {
+    if (va.state === "reconnecting") c.unsentFrames++;
+    return;
+  }
+  // A network that went dead without a word (Wi-Fi gone, a NAT forgot us) shows here
+  // first: the socket holds what it cannot send. Past `maxUnsentMs` of audio, queueing
+  // more only grows memory and delay: drop this socket and take the session up again.
+  const maxBytes = (2 * va.sampleRate * va.config.maxUnsentMs) / 1000;
+  if (ws.bufferedAmount + buffer.byteLength > maxBytes) {
+    c.unsentFrames++;
+    stalled();
+    return;
+  }
+  ws.send(buffer);
   c.sentFrames++;
   c.sentSamples += buffer.byteLength / 2;
   streamSamples += buffer.byteLength / 2;
@@ -227,6 +306,7 @@ function onPlayer(message) {
   if (message.type === "stats") {
     c.queuedSamples = message.queued;
     c.underruns = message.underruns;
+    c.prebufferMs = message.prebufferMs;
   } else if (message.type === "playing") {
     const now = performance.now();
     if (va.pageToFirstAudioMs == null) va.pageToFirstAudioMs = now;
@@ -259,16 +339,37 @@ function onAudioFrame(buffer) {
 
 const handlers = {
   "session.created": (e) => {
-    va.sessionId = e.session.id;
+    const s = e.session;
+    const asked = sock && sock.resuming;
+    if (asked && s.id !== asked) {
+      logLine("note", null, `Session ${asked} could not be resumed (its resume window passed): ` +
+        `this is a new session, without its history.`);
+    } else if (s.resumed) {
+      logLine("note", null, `Resumed session ${s.id}.`);
+    }
+    resumeId = s.id;
+    va.sessionId = s.id;
+    va.session = s;
+    va.agent = s.agent;
+    syncPickers(s);
+    // the rates this page's audio runs at, and only what the user picked: the voice and
+    // agent a token was minted with (or a resumed session has) stay as they are
     const rate = va.sampleRate;
-    va.agent = e.session.agent;
-    send({ type: "session.update", session: { input_sample_rate: rate, output_sample_rate: rate, ...sessionChoices(), partials: true } });
+    const update = { input_sample_rate: rate, output_sample_rate: rate, partials: true, ...pending };
+    pending = {};
+    send({ type: "session.update", session: update });
   },
   "session.updated": (e) => {
+    va.session = e.session;
     va.agent = e.session.agent;
+    syncPickers(e.session);
     if (va.state !== "live") {
+      const again = retry.since != null || e.session.resumed;
       va.state = "live";
-      setStatus(`Connected (session ${e.session.id}): speak now.`, "live");
+      retry = { attempt: 0, since: null, timer: null }; // a live session earns a fresh budget
+      if (again) va.resumes++;
+      const what = again ? "Reconnected to" : "Connected";
+      setStatus(`${what} (session ${e.session.id}): speak now.`, "live");
     }
   },
   "speech.started": () => { va.userSpeaking = true; $("partial").textContent = "…"; },
@@ -328,7 +429,10 @@ const handlers = {
     va.errors.push({ code: e.code, message: e.message, fatal: e.fatal });
     const what = ERROR_MESSAGES[e.code] || "Error";
     logLine("note", null, `${what}: ${e.message}`);
-    if (e.fatal) setStatus(`${what}: ${e.message}`, "error");
+    if (e.fatal) {
+      if (sock) sock.fatal = e; // the close that follows is explained by it
+      setStatus(`${what}: ${e.message}`, "error");
+    }
   },
 };
 
@@ -341,45 +445,186 @@ function onMessage(event) {
   showMeters();
 }
 
-function onClose(event) {
-  const message = CLOSE_MESSAGES[event.code] || `Connection closed (code ${event.code}).`;
-  const detail = event.reason ? ` ${event.reason}` : "";
-  va.closes.push({ code: event.code, reason: event.reason, message });
-  const resume = event.code === 1012 && va.sessionId && !resumeOnce;
-  ws = null;
-  va.state = "idle";
-  setStatus(message + detail, event.code === 1000 ? "idle" : "error");
-  logLine("note", null, `${message}${detail}`);
-  if (resume) {
-    resumeOnce = true;
-    openSocket(va.sessionId);
-    return;
+// ------------------------------------------------------------------ connection
+
+function lostConnection(code, reason) {
+  // the network, not the gateway: a drop, or the gateway's pings went unanswered
+  return code === 1006 || (code === 1011 && /keepalive/i.test(reason));
+}
+
+function resumable(code, reason) {
+  if (lostConnection(code, reason) || [1001, 1011, 1012].includes(code)) return true;
+  // at capacity: the draining gateway itself (the reconnect after its 1012 may reach it
+  // again), or any gateway while the page is already taking a session up again
+  return code === 1013 && (retry.since != null || /draining/i.test(reason));
+}
+
+function closeMessage(s, code, reason) {
+  if (s.fatal && s.fatal.code !== "capacity") {
+    return `${ERROR_MESSAGES[s.fatal.code] || "Error"}: ${s.fatal.message}.`;
   }
-  stopAudio();
-  $("connect").disabled = false;
-  $("disconnect").disabled = true;
+  if (code === 1011 && lostConnection(code, reason)) {
+    return "Connection lost: the gateway heard nothing from this page for too long (keepalive ping timeout).";
+  }
+  if (code === 1013 && /draining/i.test(reason)) return `The gateway is draining (a restart): ${reason}.`;
+  const message = CLOSE_MESSAGES[code] || `Connection closed (code ${code}).`;
+  return reason ? `${message} ${reason}` : message;
+}
+
+function retryHintMs(reason) {
+  const hint = /retry after (\d+(?:\.\d+)?) ?s/i.exec(reason || "");
+  return hint ? Number(hint[1]) * 1000 : 0;
 }
 
 function openSocket(sessionId) {
   const scheme = location.protocol === "https:" ? "wss" : "ws";
   const query = sessionId ? `?session_id=${encodeURIComponent(sessionId)}` : "";
-  const token = $("token").value.trim();
+  const t = token();
   // browsers cannot send an Authorization header on a WebSocket: the token rides in a
   // subprotocol (never in the URL, which ends up in logs)
-  const protocols = token ? ["voice-agent.v1", `voice-agent.token.${token}`] : [];
-  va.state = "connecting";
+  const protocols = t ? ["voice-agent.v1", `voice-agent.token.${t}`] : [];
+  if (va.state !== "reconnecting") va.state = "connecting";
   streamSamples = 0;
   sentLog = [];
   speechEnds = {};
-  ws = new WebSocket(`${scheme}://${location.host}/v1/stream${query}`, protocols);
-  ws.binaryType = "arraybuffer";
-  ws.onmessage = onMessage;
-  ws.onclose = onClose;
+  const socket = new WebSocket(`${scheme}://${location.host}/v1/stream${query}`, protocols);
+  const s = { ws: socket, opened: false, fatal: null, resuming: sessionId, leaving: false, timer: null };
+  ws = socket;
+  sock = s;
+  socket.binaryType = "arraybuffer";
+  socket.onopen = () => { s.opened = true; clearTimeout(s.timer); };
+  socket.onmessage = onMessage;
+  socket.onclose = (event) => onClose(s, event.code, event.reason);
+  s.timer = setTimeout(() => {
+    if (!s.opened) abandon(s, 1006, `no answer within ${va.config.connectTimeoutMs / 1000} s`);
+  }, va.config.connectTimeoutMs);
+}
+
+function abandon(s, code, reason) {
+  // stop listening to a socket and go on as if it had closed (a dead network may take
+  // minutes to close it for real)
+  const socket = s.ws;
+  socket.onopen = socket.onmessage = socket.onclose = null;
+  try { socket.close(4000, "abandoned"); } catch { /* closed already */ }
+  onClose(s, code, reason);
+}
+
+function stalled() {
+  const unsent = ws.bufferedAmount / (2 * va.sampleRate);
+  va.stalls++;
+  abandon(sock, 1006, `the network stopped taking the audio (${unsent.toFixed(1)} s unsent)`);
+}
+
+function onClose(s, code, reason) {
+  if (s !== sock) return; // a socket given up already
+  clearTimeout(s.timer);
+  ws = sock = null;
+  current = null;
+  const message = closeMessage(s, code, reason);
+  va.closes.push({ code, reason, message });
+  logLine("note", null, message);
+  if (s.leaving) return finish(message, "idle");
+  if (!s.opened && code === 1006) return diagnose(s);
+  if (resumeId && resumable(code, reason)) return retryLater(message, retryHintMs(reason));
+  if (code === 1000 || code === 1008) resumeId = null; // it ended, or may not go on
+  finish(message, code === 1000 ? "idle" : "error");
+}
+
+async function diagnose(s) {
+  // A refused upgrade (a bad or expired token, an Origin not allowed, a limit) reaches a
+  // page as a bare 1006: browsers hide the HTTP answer. The REST API, asked with the same
+  // token, says what the gateway thinks of it.
+  const round = retry;
+  setStatus("The connection closed before it opened: asking the gateway why…", "warn");
+  let refusal = null;
+  let reachable = true;
+  try {
+    const response = await fetch("/v1/agents", {
+      headers: authHeaders(), cache: "no-store", signal: AbortSignal.timeout(va.config.connectTimeoutMs),
+    });
+    if (!response.ok) {
+      const body = await response.json().catch(() => ({}));
+      const error = (body && body.error) || {};
+      refusal = {
+        status: response.status, code: error.code || `HTTP ${response.status}`,
+        message: error.message || response.statusText, retryAfterS: Number(response.headers.get("Retry-After")) || 0,
+      };
+    }
+  } catch {
+    reachable = false;
+  }
+  if (round !== retry || sock || va.state === "idle") return; // the user acted meanwhile
+  const resuming = s.resuming;
+  if (refusal) {
+    va.refusals.push(refusal);
+    const what = ERROR_MESSAGES[refusal.code] || "Refused";
+    let message = `${what} (HTTP ${refusal.status} ${refusal.code}): ${refusal.message}.`;
+    if (refusal.status === 429 && refusal.code === "rate_limited" && resuming) {
+      return retryLater(message, refusal.retryAfterS * 1000);
+    }
+    if (refusal.status >= 500 && resuming) return retryLater(message);
+    if (resuming && refusal.status === 401) {
+      message += ` Paste a new token and press Connect to resume session ${resuming}.`;
+    }
+    logLine("note", null, message);
+    return finish(message, "error");
+  }
+  if (!reachable) {
+    const message = `The gateway at ${location.host} is unreachable.`;
+    return resuming ? retryLater(message) : finish(message, "error");
+  }
+  const message = "The gateway refused the session before it opened, though it accepts this " +
+    "page's token: a limit (sessions at once, new sessions per minute, the daily audio " +
+    "quota), this page's origin, or the network; the gateway's log says which.";
+  if (resuming) return retryLater(message);
+  logLine("note", null, message);
+  finish(message, "error");
+}
+
+function retryLater(why, atLeastMs = 0) {
+  const cfg = va.config;
+  const now = performance.now();
+  if (retry.since == null) retry.since = now;
+  const elapsed = now - retry.since;
+  if (elapsed >= cfg.retryForMs) {
+    const message = `${why} Gave up reconnecting after ${Math.round(elapsed / 1000)} s: ` +
+      `press Connect to resume session ${resumeId} (the gateway keeps it a few minutes).`;
+    logLine("note", null, message);
+    return finish(message, "error");
+  }
+  const backoff = Math.min(cfg.retryMaxMs, cfg.retryBaseMs * 2 ** retry.attempt);
+  const delay = Math.max(atLeastMs, backoff * (0.75 + Math.random() * 0.5)); // spread out
+  retry.attempt++;
+  va.state = "reconnecting";
+  setStatus(`${why} Reconnecting to session ${resumeId} in ${(delay / 1000).toFixed(1)} s ` +
+    `(attempt ${retry.attempt})…`, "warn");
+  $("connect").disabled = true;
+  $("disconnect").disabled = false;
+  retry.timer = setTimeout(() => {
+    retry.timer = null;
+    try {
+      openSocket(resumeId);
+    } catch (err) {
+      retryLater(`Cannot connect: ${err.message}.`);
+    }
+  }, delay);
+}
+
+function finish(message, kind) {
+  // idle: nothing open, nothing pending; `resumeId` stays for Connect to resume with
+  clearTimeout(retry.timer);
+  retry = { attempt: 0, since: null, timer: null };
+  va.state = "idle";
+  setStatus(message, kind);
+  stopAudio();
+  $("connect").disabled = false;
+  $("disconnect").disabled = true;
 }
 
 async function connect() {
-  if (ws) return;
+  if (ws || va.state !== "idle") return;
   $("connect").disabled = true;
+  if (token() !== listsToken) loadLists(); // a token pasted since: the tenant's lists
   setStatus("Starting the microphone…");
   try {
     await startAudio();
@@ -391,21 +636,23 @@ async function connect() {
     $("connect").disabled = false;
     return;
   }
-  setStatus("Connecting…");
-  resumeOnce = false;
+  setStatus(resumeId ? `Connecting to session ${resumeId}…` : "Connecting…");
   try {
-    openSocket(null);
+    openSocket(resumeId);
   } catch (err) {
-    setStatus(`Cannot connect: ${err.message}`, "error");
-    stopAudio();
-    $("connect").disabled = false;
+    finish(`Cannot connect: ${err.message}`, "error");
     return;
   }
   $("disconnect").disabled = false;
 }
 
 function disconnect() {
-  if (!ws) return;
+  resumeId = null; // the user ended it: the next Connect is a new session
+  if (!ws) {
+    if (va.state !== "idle") finish("Disconnected.", "idle");
+    return;
+  }
+  sock.leaving = true;
   send({ type: "session.close" });
   ws.close(1000);
 }
@@ -418,10 +665,10 @@ function main() {
   }
   $("controls").addEventListener("submit", (event) => { event.preventDefault(); connect(); });
   $("disconnect").addEventListener("click", disconnect);
-  $("voice").addEventListener("change", () => send({ type: "session.update", session: { voice: $("voice").value } }));
-  $("agent").addEventListener("change", () => send({ type: "session.update", session: { agent: $("agent").value } }));
-  loadVoices();
-  loadAgents();
+  $("voice").addEventListener("change", () => pick("voice", $("voice").value));
+  $("agent").addEventListener("change", () => pick("agent", $("agent").value));
+  $("token").addEventListener("change", () => { if (token() !== listsToken) loadLists(); });
+  loadLists();
 }
 
 main();

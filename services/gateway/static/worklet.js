@@ -29,13 +29,24 @@ class Capture extends AudioWorkletProcessor {
   }
 }
 
-// Agent audio: a queue of PCM16 chunks played with a small jitter buffer. `clear` drops
-// everything at once (the next 128-sample quantum is silence): barge-in.
+// Agent audio: a queue of PCM16 chunks played with a jitter buffer. Playing starts (and,
+// after an underrun, starts again) once `prebuffer` samples are queued: at least jitterMs,
+// and one and a half of the largest chunk seen, since audio arrives a chunk at a time
+// (the cascade sends 40 ms frames, a full-duplex model 80 ms ones: a buffer shorter than a
+// frame runs dry whenever one comes late). Each underrun adds UNDERRUN_STEP_MS, up to
+// MAX_PREBUFFER_MS. `clear` drops everything at once (the next 128-sample quantum is
+// silence): barge-in.
+const UNDERRUN_STEP_MS = 20;
+const MAX_PREBUFFER_MS = 300;
+
 class Player extends AudioWorkletProcessor {
   constructor(options) {
     super();
     const opts = (options && options.processorOptions) || {};
-    this.prebuffer = Math.round((sampleRate * (opts.jitterMs || 60)) / 1000);
+    this.baseMs = opts.jitterMs || 60;
+    this.largestChunk = 0; // samples
+    this.extraMs = 0; // grown by underruns
+    this.setPrebuffer();
     this.chunks = [];
     this.offset = 0; // read position in chunks[0]
     this.queued = 0;
@@ -47,11 +58,21 @@ class Player extends AudioWorkletProcessor {
     this.port.onmessage = (event) => this.onMessage(event.data);
   }
 
+  setPrebuffer() {
+    const chunkMs = (1000 * this.largestChunk) / sampleRate;
+    this.prebufferMs = Math.min(MAX_PREBUFFER_MS, Math.max(this.baseMs, 1.5 * chunkMs) + this.extraMs);
+    this.prebuffer = Math.round((sampleRate * this.prebufferMs) / 1000);
+  }
+
   onMessage(message) {
     if (message.type === "audio") {
       const pcm = new Int16Array(message.pcm);
       const samples = new Float32Array(pcm.length);
       for (let i = 0; i < pcm.length; i++) samples[i] = pcm[i] / 0x8000;
+      if (samples.length > this.largestChunk) {
+        this.largestChunk = samples.length;
+        this.setPrebuffer();
+      }
       this.chunks.push(samples);
       this.queued += samples.length;
       this.draining = false;
@@ -90,12 +111,17 @@ class Player extends AudioWorkletProcessor {
     this.queued -= written;
     if (this.playing && this.queued === 0) {
       this.playing = false;
-      if (!this.draining) this.underruns++;
+      if (!this.draining) {
+        this.underruns++;
+        this.extraMs = Math.min(MAX_PREBUFFER_MS, this.extraMs + UNDERRUN_STEP_MS);
+        this.setPrebuffer();
+      }
       this.port.postMessage({ type: "idle", played: this.played });
     }
     if (++this.quanta % 8 === 0) {
       this.port.postMessage({
         type: "stats", played: this.played, queued: this.queued, underruns: this.underruns,
+        prebufferMs: this.prebufferMs,
       });
     }
     return true;
