@@ -330,8 +330,8 @@ def _closed_problem(exc: Exception, url: str) -> str | None:
     """A session refused, or ended by the gateway, in one line; None for anything else."""
     from services.client.stream import SessionClosed, SessionRefused
 
-    if isinstance(exc, SessionRefused):
-        hint = CLOSE_HINTS.get(exc.close_code or 0)
+    if isinstance(exc, SessionRefused):  # the gateway's own words, when it sent some, say why
+        hint = CLOSE_HINTS.get(exc.close_code or 0) if exc.code is None else None
         return f"{exc}; {hint}" if hint else str(exc)
     if not isinstance(exc, SessionClosed):
         return None

@@ -35,6 +35,15 @@ def _gateway(ws: ServerConnection, before: Callable[[], None]) -> None:
     if path == "/busy":  # refused before session.created
         ws.close(1013, "retry after 5 s")
         return
+    if path == "/draining":  # what a draining gateway answers a new session
+        error = {
+            "type": "error",
+            "code": "capacity",
+            "message": "gateway draining; retry after 1 s",
+        }
+        ws.send(json.dumps(error))
+        ws.close(1013, "gateway draining")
+        return
     ws.send(json.dumps(CREATED))
     ws.recv()
     if path == "/drain":
@@ -107,6 +116,7 @@ def client(
     ("path", "words"),
     [
         ("/busy", "closed the connection (1013: retry after 5 s); the gateway is at capacity"),
+        ("/draining", "refused the session: gateway draining; retry after 1 s"),
         ("/drain", "closed session s-42 (1012: gateway draining"),
         ("/quota", "closed session s-42 (1008: daily audio quota used up): a limit or quota"),
         ("/fail", "closed session s-42 (1011: internal error): the gateway failed (see its log)"),
@@ -123,6 +133,8 @@ def test_a_refused_or_ended_session_is_one_line(
     status, err = client(wav, gateway.url(path), tmp_path / "reply.wav", capsys)
     assert status == 1
     assert err.startswith("voice-agent client: error: the gateway ") and words in err, err
+    if path == "/draining":  # its own words say why: no guess of ours after them
+        assert err.endswith("retry after 1 s"), err
 
 
 def test_a_drained_session_says_how_to_resume_it(
