@@ -29,6 +29,7 @@ from services.common.auth.settings import AuthSettings, DefaultLimits, Limits
 from services.common.bus.connection import connect as redis_connect
 from services.common.errors import Unauthorized
 from services.common.service.server import run_service
+from services.common.tenancy import TENANT
 from services.gateway.settings import GatewaySettings
 from services.ops import cli
 from tests.conftest import RedisProc
@@ -170,12 +171,15 @@ def test_redaction() -> None:
     assert redact("nothing secret here") == "nothing secret here"
 
 
-def test_keys_create_list_revoke(
-    redis_server: RedisProc, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+@pytest.fixture
+def keys_redis(redis_server: RedisProc, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`voice-agent keys` on a Redis (and a prefix) of this test's own."""
     redis = redis_server.settings()
     monkeypatch.setenv("VA_REDIS__URL", redis.url)
     monkeypatch.setenv("VA_REDIS__PREFIX", redis.prefix)
+
+
+def test_keys_create_list_revoke(keys_redis: None, capsys: pytest.CaptureFixture[str]) -> None:
     cli.main(["keys", "create", "--tenant", "acme", "--name", "ci", "--sessions", "3"])
     out, err = capsys.readouterr()
     key_id = out.strip().split("_")[1]
@@ -191,6 +195,26 @@ def test_keys_create_list_revoke(
         cli.main(["keys", "revoke", "000000000000"])
     with pytest.raises(SystemExit, match="tenant"):
         cli.main(["keys", "create", "--tenant", "bad tenant!"])
+
+
+@pytest.mark.parametrize("name", ["acme\n", "acme\r\n", "\nacme", "", "a" * 65, "bad tenant"])
+def test_not_a_tenant_name(name: str) -> None:
+    """A tenant name is the whole string: `acme` followed by a newline is no tenant (with
+    `$`, it passed, and became a tenant of its own beside `acme`)."""
+    assert TENANT.match(name) is None
+
+
+@pytest.mark.parametrize("name", ["acme", "a", "A.b_c-9", "a" * 64])
+def test_a_tenant_name(name: str) -> None:
+    assert TENANT.match(name) is not None
+
+
+def test_keys_create_refuses_a_tenant_with_a_newline(
+    keys_redis: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit, match="tenant"):
+        cli.main(["keys", "create", "--tenant", "acme\n"])
+    assert capsys.readouterr().out == ""  # no key printed
 
 
 def test_one_limit_from_the_environment_keeps_the_other_defaults(
