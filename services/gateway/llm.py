@@ -30,9 +30,9 @@ import openai
 from openai import AsyncOpenAI
 from pydantic import BaseModel, Field, SecretStr
 
-from services.common.auth.redact import redact_url, redact_urls
 from services.common.errors import AgentFailed, InvalidMessage
 from services.common.protocol.events import ToolChoice, ToolSpec
+from services.common.redact import redact_url, redact_urls
 from services.gateway import metrics
 from services.gateway.agent import (
     AgentOutput,

@@ -38,7 +38,7 @@ from typing import Any, overload
 from pydantic import TypeAdapter, ValidationError, validate_call
 from pydantic_core import to_jsonable_python
 
-from services.common.auth.redact import redact_urls
+from services.common.redact import redact_urls
 from services.gateway import metrics
 from services.gateway.agent import ToolCall
 from services.gateway.chat import clip

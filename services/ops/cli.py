@@ -37,8 +37,8 @@ import httpx
 from pydantic import ValidationError
 
 from services.common.auth.credentials import is_loopback
-from services.common.auth.redact import redact, redact_url
 from services.common.platform.extras import MissingExtra
+from services.common.redact import redact, redact_url
 from services.common.service.settings import settings_problem
 from services.loadtest.cli import add_loadtest_command
 from services.ops.doctor import add_parser as add_doctor_command

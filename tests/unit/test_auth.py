@@ -23,11 +23,11 @@ from services.common.auth.credentials import (
     verify_token,
 )
 from services.common.auth.guard import PRINCIPAL
-from services.common.auth.redact import redact
 from services.common.auth.relay import relay_headers
 from services.common.auth.settings import AuthSettings, DefaultLimits, Limits
 from services.common.bus.connection import connect as redis_connect
 from services.common.errors import Unauthorized
+from services.common.redact import redact
 from services.common.service.server import run_service
 from services.common.tenancy import TENANT
 from services.gateway.settings import GatewaySettings

@@ -13,9 +13,9 @@ from redis.asyncio import Redis
 from services.common.auth.api_keys import KeyStore
 from services.common.auth.credentials import APP_SUBPROTOCOL, TOKEN_SUBPROTOCOL, sign_token
 from services.common.auth.guard import AuthGuard, principal_of
-from services.common.auth.redact import install_redaction
 from services.common.auth.settings import AuthSettings
 from services.common.errors import Forbidden
+from services.common.redact import install_redaction
 
 
 class TokenSession(BaseModel):

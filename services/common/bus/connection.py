@@ -39,6 +39,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from services.common.bus.settings import RedisSettings
+from services.common.redact import redact_url
 
 
 class NoReplicasError(ResponseError):
@@ -82,14 +83,6 @@ class RedisTarget:
     tls: bool = False
 
 
-def _shown(url: str) -> str:
-    """`url` for an error message: its user info (where a password hides) as `***`, no query."""
-    scheme, sep, rest = url.partition("://")
-    netloc, slash, path = rest.partition("/")
-    _, at, hosts = netloc.rpartition("@")
-    return f"{scheme}{sep}{'***@' if at else ''}{hosts}{slash}{path.partition('?')[0]}"
-
-
 def parse_url(url: str) -> RedisTarget:
     """Parse `redis://`, `rediss://`, `redis+sentinel://h1:26379,h2:26379/mymaster/0`
     or `redis+cluster://h1:7000,h2:7001/`; `?tls=1` turns TLS on for the HA forms."""
@@ -111,14 +104,14 @@ def parse_url(url: str) -> RedisTarget:
         parsed = urlparse(f"//{item}")
         hosts.append((parsed.hostname or "127.0.0.1", parsed.port or default_port))
     if not hosts:
-        raise ValueError(f"no hosts in {_shown(url)!r}")
+        raise ValueError(f"no hosts in {redact_url(url)!r}")
     user, _, password = auth.partition(":") if auth else ("", "", "")
     parts = [p for p in path.split("/") if p]
     options = parse_qs(query)
     tls = options.get("tls", ["0"])[0] in ("1", "true", "yes")
     if scheme == SENTINEL_SCHEME:
         if not parts:
-            raise ValueError(f"a sentinel URL names its master: {_shown(url)!r}")
+            raise ValueError(f"a sentinel URL names its master: {redact_url(url)!r}")
         db = int(parts[1]) if len(parts) > 1 else 0
         return RedisTarget(
             "sentinel",

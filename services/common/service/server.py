@@ -17,7 +17,7 @@ import uvicorn
 from pydantic import ValidationError
 
 from services.common.auth.credentials import exposure_problem
-from services.common.auth.redact import install_redaction
+from services.common.redact import install_redaction
 from services.common.service.settings import (
     BaseServiceSettings,
     ServerSettings,
