@@ -267,7 +267,7 @@ class StreamClient:
         step = input_rate * frame_ms // 1000
         frames = (float_to_pcm16(audio[i : i + step]) for i in range(0, audio.size, step))
         last_voiced = max(0, speech_end(audio) - 1) // step
-        await self._paced(frames, frame_ms, mark=(last_voiced, received))
+        await self._paced(frames, frame_ms, last_speech_frame=last_voiced)
         return received
 
     async def _paced(
@@ -275,21 +275,21 @@ class StreamClient:
         frames: Iterable[bytes],
         frame_ms: int,
         until: Callable[[], bool] | None = None,
-        mark: tuple[int, Received] | None = None,
+        last_speech_frame: int | None = None,
     ) -> bool:
         """Send frames at real-time pace, stopping early once `until()` holds (then True).
 
         How late each frame leaves against that pace goes to `send_lag_ms`; when frame
-        `mark[0]` leaves, `mark[1].last_speech_sent_at` is set.
+        `last_speech_frame` leaves, the turn's `last_speech_sent_at` is set.
         """
         start = time.monotonic()
         for i, frame in enumerate(frames):
             if until is not None and until():
                 return True
-            late_s = time.monotonic() - (start + i * frame_ms / 1000)
-            self.send_lag_ms.append(max(0.0, late_s * 1000))
-            if mark is not None and i == mark[0]:
-                mark[1].last_speech_sent_at = time.monotonic()
+            now = time.monotonic()
+            self.send_lag_ms.append(max(0.0, (now - start - i * frame_ms / 1000) * 1000))
+            if i == last_speech_frame:
+                self._received.last_speech_sent_at = now
             await self.ws.send(frame)
             delay = start + (i + 1) * frame_ms / 1000 - time.monotonic()
             if delay > 0:

@@ -31,15 +31,16 @@ URL: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
 
 
 def redact_url(url: str, mark: str = "***") -> str:
-    """`url` for people (notices, logs): its user info and query string, where credentials
-    hide, replaced by `mark` (left out when it is ""), its fragment dropped."""
+    """`url` for people (notices, logs): its user info, where credentials hide, replaced by
+    `mark`, its query string by `***` (both left out when `mark` is ""), its fragment
+    dropped."""
     try:
         parts = urlsplit(url)
     except ValueError:
         return "<url>"
     _, at, host = parts.netloc.rpartition("@")
     netloc = f"{mark}@{host}" if at and mark else host
-    query = mark if parts.query else ""
+    query = "***" if parts.query and mark else ""
     return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
 
 

@@ -9,6 +9,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from services.loadtest.breakdown import gateway_added_omitted as omitted_why
 from services.loadtest.breakdown import growing_stage
 from services.loadtest.capacity import LevelFigures, Verdict, verdict
 from services.loadtest.stats import (
@@ -145,7 +146,7 @@ def level_report(
     (breakdown.gateway_added_omitted)."""
     samples = dict(part.samples_ms)
     if engine_ms is None and gateway_added_omitted is None:
-        gateway_added_omitted = "needs both engines' own time: give --asr-url and --tts-url"
+        gateway_added_omitted = omitted_why(None, {}, {})
     if engine_ms is not None and gateway_added_omitted is None:
         samples["gateway_added"] = [v - engine_ms for v in samples["gateway_added"]]
     else:

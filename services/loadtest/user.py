@@ -132,9 +132,6 @@ class User:
             await client.__aenter__()
         except SessionRefused as exc:  # an `error` or a close instead of session.created
             return self._failed(_refusal_code(exc))
-        except websockets.ConnectionClosed as exc:
-            code = exc.rcvd.code if exc.rcvd is not None else 1006
-            return self._failed(f"closed_{code}")
         except websockets.InvalidStatus as exc:  # e.g. 429: the tenant's limits
             return self._failed(f"refused_{exc.response.status_code}")
         except Exception:

@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
-from urllib.parse import urlparse
 
 import httpx
 import redis
@@ -29,6 +28,7 @@ from services.common.bus.connection import parse_url
 from services.common.errors import EngineUnavailable
 from services.common.platform import gpu
 from services.common.platform.packaged import PackagedModel, SplitModel
+from services.common.redact import redact_url
 from services.common.service.settings import BaseServiceSettings
 from services.duplex.settings import DuplexSettings
 from services.gateway.settings import GatewaySection
@@ -289,13 +289,6 @@ def _piper(settings: PiperSettings) -> Check:
     return Check("model tts", "FAIL", f"no Piper voice {voice!r}", fix)
 
 
-def _redacted(url: str) -> str:
-    parsed = urlparse(url)
-    if parsed.password is None:
-        return url
-    return parsed._replace(netloc=parsed.netloc.replace(f":{parsed.password}@", ":***@")).geturl()
-
-
 def _data_node(url: str) -> str:
     """A plain URL of a data node behind `url`: the Sentinel's master, a Cluster's first
     startup node that answers, or `url` itself."""
@@ -314,32 +307,31 @@ def _data_node(url: str) -> str:
 
 def check_redis(url: str) -> Check:
     """Redis answers, and is new enough for the Streams commands the bus uses (6.2)."""
+    shown = redact_url(url, mark=":***")  # redis://:***@host: the password's place kept
     try:
         node = _data_node(url)
     except ValueError as exc:  # a URL the bus cannot use (parse_url says why)
         fix = "redis://, rediss://, redis+sentinel:// or redis+cluster:// (docs/redis-ha.md)"
-        return Check("redis", "FAIL", f"VA_REDIS__URL {_redacted(url)}: {exc}", fix)
+        return Check("redis", "FAIL", f"VA_REDIS__URL {shown}: {exc}", fix)
     except (redis.RedisError, StopIteration) as exc:
         fix = "check the sentinels / cluster nodes in VA_REDIS__URL (docs/redis-ha.md)"
         reason = str(exc)[:160]
-        return Check(
-            "redis", "FAIL", f"{_redacted(url)}: no master or node answers ({reason})", fix
-        )
+        return Check("redis", "FAIL", f"{shown}: no master or node answers ({reason})", fix)
     try:
         client = redis.Redis.from_url(node, socket_connect_timeout=2, socket_timeout=2)
     except ValueError as exc:  # redis-py's own refusal of the URL
         fix = "VA_REDIS__URL (docs/redis-ha.md)"
-        return Check("redis", "FAIL", f"VA_REDIS__URL {_redacted(url)}: {exc}", fix)
+        return Check("redis", "FAIL", f"VA_REDIS__URL {shown}: {exc}", fix)
     try:
         version = str(client.info("server")["redis_version"])
     except redis.RedisError as exc:
         fix = "start Redis (systemctl start redis-server) or point VA_REDIS__URL at it"
-        return Check("redis", "FAIL", f"{_redacted(url)}: {exc}", fix)
+        return Check("redis", "FAIL", f"{shown}: {exc}", fix)
     finally:
         client.close()
     if tuple(int(p) for p in version.split(".")[:2]) < (6, 2):
         return Check("redis", "FAIL", f"Redis {version} lacks XAUTOCLAIM", "Redis >= 6.2")
-    return Check("redis", "OK", f"{_redacted(url)}: Redis {version}")
+    return Check("redis", "OK", f"{shown}: Redis {version}")
 
 
 def check_port(service: str, host: str, port: int) -> Check:

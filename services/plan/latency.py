@@ -7,13 +7,14 @@ from collections.abc import Sequence
 from typing import Final
 
 from services.common.stats import percentile
+from services.loadtest import stats
 from services.plan.figures import Figure, derived, fmt, measured
 from services.plan.inputs import BargeIn, Loadtest, MeasurementFile, VoiceToVoice
 from services.plan.model import Latency, PlanOptions, ReferenceLatency, StageLatency
 from services.plan.sessions import judge_loadtest
 
 QUANTILES = ("p50", "p95", "p99")
-STAGES: Final = ("end_of_turn", "asr", "response", "voice_to_voice", "time_to_silence")
+STAGES: Final = tuple(stage for stage in stats.STAGES if stage != "gateway_added")
 """The loadtest's stages the plan publishes as latencies. Not `gateway_added`: a time less a
 mean, negative wherever the engines worked before the turn ended (speculative transcripts,
 prepared replies), and dependent on which services the run watched."""

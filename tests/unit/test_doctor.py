@@ -155,6 +155,10 @@ def test_redis(redis_server: RedisProc) -> None:
     assert up.status == "OK" and "Redis " in up.detail
     down = check_redis(f"redis://:hunter2@127.0.0.1:{free_port()}/0")
     assert down.status == "FAIL" and "hunter2" not in down.detail and ":***@" in down.detail
+    in_query = check_redis(f"redis://u:p@127.0.0.1:{free_port()}/0?password=hunter2")
+    assert in_query.status == "FAIL" and "hunter2" not in in_query.detail
+    malformed = check_redis("redis://[::1")  # a FAIL that names it, not a ValueError
+    assert malformed.status == "FAIL" and "VA_REDIS__URL" in malformed.detail
 
 
 @pytest.fixture(scope="module")
