@@ -44,6 +44,7 @@ from services.loadtest.cli import add_loadtest_command
 from services.ops.doctor import add_parser as add_doctor_command
 from services.ops.doctor_checks import duplex_python
 from services.ops.healthcheck import add_parser as add_healthcheck_arguments
+from services.ops.healthcheck import host_port, reachable_host
 from services.ops.healthcheck import run as healthcheck_run
 from services.ops.keys import add_keys_command
 from services.ops.models import add_models_command
@@ -119,8 +120,7 @@ def _service_urls() -> dict[str, str]:
     urls = {}
     for name in up_services():
         server = server_section(load_settings(name), name)
-        host = "127.0.0.1" if server.host in ("0.0.0.0", "::") else server.host
-        urls[name] = f"http://{f'[{host}]' if ':' in host else host}:{server.port}"
+        urls[name] = f"http://{host_port(reachable_host(server.host), server.port)}"
     return urls
 
 

@@ -39,6 +39,7 @@ from services.ops.deploy import (
     prepare_dirs,
     render_nginx,
 )
+from services.ops.healthcheck import host_port, reachable_host
 from services.ops.redis_server import reachable
 from services.tts.settings import PiperSettings, TtsSettings
 
@@ -337,8 +338,8 @@ def check_redis(url: str) -> Check:
 def check_port(service: str, host: str, port: int) -> Check:
     """The port is free, or already serves this service's /health."""
     name = f"port {service}"
-    target = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-    where = f"[{target}]:{port}" if ":" in target else f"{target}:{port}"  # IPv6 in brackets
+    target = reachable_host(host)
+    where = host_port(target, port)
     try:
         socket.create_connection((target, port), timeout=1).close()
     except OSError:

@@ -61,16 +61,22 @@ def _option(args: Sequence[str], flag: str) -> str | None:
     return None
 
 
+def reachable_host(host: str) -> str:
+    """Where a process on this machine reaches a server bound to `host` (a wildcard: loopback)."""
+    return "127.0.0.1" if host in WILDCARD else host
+
+
+def host_port(host: str, port: int | str) -> str:
+    """`host:port` as a URL writes it (an IPv6 host in brackets)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def ready_url(service: str, args: Sequence[str] = ()) -> str:
     """`/ready` of `service` as started with `args` (`--host`, `--port`) and its settings."""
     server = server_section(load_settings(service), service)
     host = _option(args, "--host") or server.host
     port = _option(args, "--port") or str(server.port)
-    if host in WILDCARD:
-        host = "127.0.0.1"
-    if ":" in host:
-        host = f"[{host}]"
-    return f"http://{host}:{port}/ready"
+    return f"http://{host_port(reachable_host(host), port)}/ready"
 
 
 def targets(service: str | None, url: str | None, cmdline: Path = CMDLINE) -> list[str]:
