@@ -17,11 +17,11 @@ import shutil
 import subprocess
 import time
 import wave
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
@@ -64,6 +64,8 @@ FLAGS = [
 pytestmark = pytest.mark.skipif(
     not Path(CHROMIUM).exists(), reason="needs Debian's chromium (scripts/system_deps.sh)"
 )
+
+T = TypeVar("T")
 
 
 def _wav(path: Path) -> Path:
@@ -111,25 +113,23 @@ def chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 @pytest.fixture
-def browser(chromium: Any) -> Iterator[Any]:
-    context = new_context(chromium)
-    try:
-        yield context
-    finally:
-        context.close()
-
-
-@pytest.fixture
 def page(browser: Any) -> Any:
     return browser.new_page()
 
 
-def _wait(page: Any, condition: str, timeout_s: float, arg: Any = None) -> Any:
+def wait_on(page: Any, condition: str, timeout_s: float = 30, arg: Any = None) -> Any:
     """`condition`'s first truthy value, evaluated every 50 ms (not on animation frames,
     which a page in the background barely gets)."""
     return page.wait_for_function(
         condition, arg=arg, timeout=timeout_s * 1000, polling=50
     ).json_value()
+
+
+def in_a_thread(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run `coroutine` to its end beside Playwright's sync API, which holds this thread's
+    event loop."""
+    with ThreadPoolExecutor(1) as thread:
+        return thread.submit(asyncio.run, coroutine).result()
 
 
 def test_a_spoken_conversation_in_the_browser(lite_stack: Stack, page: Any) -> None:
@@ -138,27 +138,29 @@ def test_a_spoken_conversation_in_the_browser(lite_stack: Stack, page: Any) -> N
     started = time.monotonic()
     page.goto(f"{lite_stack.gateway.http}/")
     # the voice picker lists the TTS service's voices (through the gateway)
-    _wait(page, "document.querySelectorAll('#voice option').length > 1", 20)
+    wait_on(page, "document.querySelectorAll('#voice option').length > 1", 20)
     # the agent picker lists the gateway's agents; without an LLM, echo is the default
-    _wait(page, "window.voiceAgent.agents !== null", 20)
+    wait_on(page, "window.voiceAgent.agents !== null", 20)
     agents = page.eval_on_selector_all("#agent option", "options => options.map(o => o.value)")
     assert {"echo", "openai"} <= set(agents) and page.input_value("#agent") == "echo"
     assert "no LLM is configured" in page.inner_text("#log")
     page.click("#connect")
-    _wait(page, "window.voiceAgent.state === 'live'", 30)
+    wait_on(page, "window.voiceAgent.state === 'live'", 30)
     assert page.evaluate("window.voiceAgent.agent") == "echo"
 
     # the fake microphone's sentence comes back as a final transcript...
-    heard = _wait(
+    heard = wait_on(
         page, "window.voiceAgent.transcripts.find(t => t.toLowerCase().includes('paris'))", 120
     )
     assert "weather" in heard.lower(), heard
     # ...and the agent's answer is played through the worklet
-    _wait(page, "window.voiceAgent.counters.playedSamples > 0.5 * window.voiceAgent.sampleRate", 90)
-    _wait(page, "window.voiceAgent.latencies.some(l => l.v2v_played_ms !== null)", 30)
+    wait_on(
+        page, "window.voiceAgent.counters.playedSamples > 0.5 * window.voiceAgent.sampleRate", 90
+    )
+    wait_on(page, "window.voiceAgent.latencies.some(l => l.v2v_played_ms !== null)", 30)
 
     # barge-in: the agent tells a long story; the looping microphone speaks over it
-    _wait(
+    wait_on(
         page,
         "!window.voiceAgent.userSpeaking && !Object.values(window.voiceAgent.responses)"
         ".some(r => r.status === 'in_progress')",
@@ -166,21 +168,21 @@ def test_a_spoken_conversation_in_the_browser(lite_stack: Stack, page: Any) -> N
     )
     clears = page.evaluate("window.voiceAgent.counters.clears")
     page.evaluate("text => window.voiceAgent.say(text)", LONG_REPLY)
-    story = _wait(
+    story = wait_on(
         page,
         "arg => Object.values(window.voiceAgent.responses)"
         ".find(r => r.text.startsWith(arg.slice(0, 20)))?.id",
         30,
         LONG_REPLY,
     )
-    _wait(page, "arg => window.voiceAgent.counters.clears > arg", 90, clears)
-    _wait(page, "window.voiceAgent.lastClear !== null", 10)  # the worklet's answer
+    wait_on(page, "arg => window.voiceAgent.counters.clears > arg", 90, clears)
+    wait_on(page, "window.voiceAgent.lastClear !== null", 10)  # the worklet's answer
     cleared = page.evaluate(
         "id => ({status: window.voiceAgent.responses[id].status,"
         " heard: window.voiceAgent.responses[id].heard, last: window.voiceAgent.lastClear})",
         story,
     )
-    _wait(page, "arg => window.voiceAgent.responses[arg].status === 'cancelled'", 30, story)
+    wait_on(page, "arg => window.voiceAgent.responses[arg].status === 'cancelled'", 30, story)
     heard_story = page.evaluate("id => window.voiceAgent.responses[id].heard", story)
     assert len(heard_story) < len(LONG_REPLY), heard_story
     # it was a barge-in (the user was speaking), and the player dropped its queue at once
@@ -189,7 +191,7 @@ def test_a_spoken_conversation_in_the_browser(lite_stack: Stack, page: Any) -> N
     assert cleared["last"] is not None and cleared["last"]["dropped"] >= 0
 
     # the interrupting speech is a turn of its own: a second in-page voice-to-voice
-    _wait(page, "window.voiceAgent.latencies.filter(l => l.v2v_ms !== null).length >= 2", 60)
+    wait_on(page, "window.voiceAgent.latencies.filter(l => l.v2v_ms !== null).length >= 2", 60)
     state = page.evaluate(
         "({counters: window.voiceAgent.counters, latencies: window.voiceAgent.latencies,"
         " pageToFirstAudioMs: window.voiceAgent.pageToFirstAudioMs,"
@@ -199,10 +201,9 @@ def test_a_spoken_conversation_in_the_browser(lite_stack: Stack, page: Any) -> N
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "page.png"), full_page=True)
     page.click("#disconnect")
-    _wait(page, "window.voiceAgent.closes.length > 0", 10)
+    wait_on(page, "window.voiceAgent.closes.length > 0", 10)
     closes = page.evaluate("window.voiceAgent.closes")
-    with ThreadPoolExecutor(1) as thread:  # Playwright's sync API holds this thread's loop
-        cli = thread.submit(asyncio.run, _cli_turns(lite_stack.stream_url, 3)).result()
+    cli = in_a_thread(_cli_turns(lite_stack.stream_url, 3))
     _record(state, cleared, closes, cli, time.monotonic() - started)
 
     assert closes[0]["code"] == 1000, closes
@@ -239,16 +240,16 @@ def _token_and_capacity(browser: Any, gateway: ServerThread) -> None:
     assert first.input_value("#token") == "t0k-123"
     assert "t0k" not in first.url  # taken out of the address bar
     first.click("#connect")
-    _wait(first, "window.voiceAgent.state === 'live'", 30)
+    wait_on(first, "window.voiceAgent.state === 'live'", 30)
     # an LLM that answers makes `openai` the default; the picker switches the agent
     assert first.input_value("#agent") == "openai"
     assert first.evaluate("window.voiceAgent.agent") == "openai"
     first.select_option("#agent", "echo")
-    _wait(first, "window.voiceAgent.agent === 'echo'", 10)
+    wait_on(first, "window.voiceAgent.agent === 'echo'", 10)
     second = browser.new_page()
     second.goto(f"{gateway.http}/")
     second.click("#connect")
-    _wait(second, "window.voiceAgent.closes.length > 0", 30)
+    wait_on(second, "window.voiceAgent.closes.length > 0", 30)
     closed = second.evaluate("window.voiceAgent.closes[0]")
     assert closed["code"] == 1013, closed
     assert "capacity" in second.inner_text("#status")
@@ -257,7 +258,7 @@ def _token_and_capacity(browser: Any, gateway: ServerThread) -> None:
     assert "Voice list unavailable" in first.inner_text("#log")
     first.bring_to_front()  # a page in the background gets few animation frames
     first.click("#disconnect")  # its seat, for the next page
-    _wait(first, "window.voiceAgent.closes.length > 0", 10)
+    wait_on(first, "window.voiceAgent.closes.length > 0", 10)
 
 
 def _under_its_own_csp(chromium: Any, gateway: ServerThread) -> None:

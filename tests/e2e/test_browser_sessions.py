@@ -14,10 +14,9 @@ import contextlib
 import threading
 import time
 import wave
-from collections.abc import Coroutine, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import pytest
@@ -33,10 +32,13 @@ from services.tts.app import create_app as tts_app
 from services.tts.settings import TtsSettings
 from tests.conftest import RedisProc
 from tests.e2e.test_auth import new_key, revoke
-from tests.e2e.test_browser import CHROMIUM, launch_chromium, new_context
+from tests.e2e.test_browser import (
+    CHROMIUM,
+    in_a_thread,
+    launch_chromium,
+    wait_on,
+)
 from tests.servers import ServerThread
-
-T = TypeVar("T")
 
 pytestmark = pytest.mark.skipif(
     not Path(CHROMIUM).exists(), reason="needs Debian's chromium (scripts/system_deps.sh)"
@@ -78,26 +80,6 @@ def chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         out.writeframes(bytes(2 * 48000))
     with launch_chromium(wav) as launched:
         yield launched
-
-
-@pytest.fixture
-def browser(chromium: Any) -> Iterator[Any]:
-    context = new_context(chromium)
-    try:
-        yield context
-    finally:
-        context.close()
-
-
-def _wait(page: Any, condition: str, timeout_s: float = 30, arg: Any = None) -> Any:
-    return page.wait_for_function(
-        condition, arg=arg, timeout=timeout_s * 1000, polling=50
-    ).json_value()
-
-
-def _run(coroutine: Coroutine[Any, Any, T]) -> T:
-    with ThreadPoolExecutor(1) as thread:  # Playwright's sync API holds this thread's loop
-        return thread.submit(asyncio.run, coroutine).result()
 
 
 class Proxy:
@@ -241,17 +223,17 @@ def test_the_page_keeps_its_session_through_restarts_drops_and_dead_networks(
         page.goto(f"http://127.0.0.1:{proxy.port}/")
         page.evaluate(FAST_RETRIES)
         page.click("#connect")
-        _wait(page, "window.voiceAgent.state === 'live'")
+        wait_on(page, "window.voiceAgent.state === 'live'")
         session = page.evaluate("window.voiceAgent.sessionId")
 
         def live_again(times: int) -> None:
-            _wait(page, LIVE_AGAIN, 30, times)
+            wait_on(page, LIVE_AGAIN, 30, times)
             assert page.evaluate("window.voiceAgent.sessionId") == session
 
         # a rolling restart: the first gateway drains (1012) while the proxy still leads to
         # it, so the page's reconnect meets the drain (1013); it tries again, later
         _drain(first)
-        _wait(page, "window.voiceAgent.closes.some(c => c.code === 1013)")
+        wait_on(page, "window.voiceAgent.closes.some(c => c.code === 1013)")
         proxy.target = second.port
         live_again(1)
         # then the second gateway drains too: the page follows again, to the third
@@ -301,7 +283,7 @@ def test_the_page_keeps_its_session_through_restarts_drops_and_dead_networks(
         page.evaluate("window.voiceAgent.config.retryForMs = 1500; window.__statuses = []")
         proxy.target = free_port()  # nothing listens there
         proxy.drop()
-        _wait(page, "window.voiceAgent.state === 'idle'")
+        wait_on(page, "window.voiceAgent.state === 'idle'")
         status = page.inner_text("#status")
         assert "Gave up reconnecting" in status and session in status, status
         assert page.is_enabled("#connect")
@@ -312,7 +294,7 @@ def test_the_page_keeps_its_session_through_restarts_drops_and_dead_networks(
         page.click("#connect")
         live_again(6)
         page.click("#disconnect")
-        _wait(page, "window.voiceAgent.state === 'idle'")
+        wait_on(page, "window.voiceAgent.state === 'idle'")
         assert page.evaluate("window.voiceAgent.closes.at(-1).code") == 1000
 
 
@@ -336,9 +318,9 @@ def test_with_auth_on_the_page_works_with_the_token_it_is_given(
         ServerThread(tts_app(TtsSettings(profile="fake", redis=redis, auth=AUTH))) as tts,
         _gateway(redis, auth=AUTH, gateway={"tts_url": tts.http}) as gateway,
     ):
-        _, keeps = _run(new_key(redis, "acme"))
-        lent_id, lent = _run(new_key(redis, "acme"))
-        _, tight = _run(new_key(redis, "tight", audio_seconds_per_day=1))
+        _, keeps = in_a_thread(new_key(redis, "acme"))
+        lent_id, lent = in_a_thread(new_key(redis, "acme"))
+        _, tight = in_a_thread(new_key(redis, "tight", audio_seconds_per_day=1))
 
         def token(key: str, **body: Any) -> str:
             minted = httpx.post(
@@ -353,23 +335,25 @@ def test_with_auth_on_the_page_works_with_the_token_it_is_given(
         sent: list[str] = []
         page.on("websocket", lambda ws: ws.on("framesent", lambda f: sent.append(str(f))))
         page.goto(f"{gateway.http}/")
-        _wait(page, "document.querySelector('#log').textContent.includes('(HTTP 401)')")
+        wait_on(page, "document.querySelector('#log').textContent.includes('(HTTP 401)')")
         page.evaluate(FAST_RETRIES)
 
         # a wrong token: refused at the upgrade, which a page sees only as a 1006; the page
         # asks the REST API with the same token and names the refusal
         page.fill("#token", "not-a-token")
         page.click("#connect")
-        _wait(page, "window.voiceAgent.state === 'idle' && window.voiceAgent.closes.length > 0")
+        wait_on(page, "window.voiceAgent.state === 'idle' && window.voiceAgent.closes.length > 0")
         status = page.inner_text("#status")
         assert "HTTP 401 unauthorized" in status and "unreachable" not in status, status
 
         # a token pasted in the field (README's way): the lists are asked again with it
         page.fill("#token", token(lent, session={"voice": "fake", "agent": "openai"}))
         page.click("#connect")
-        _wait(page, "window.voiceAgent.state === 'live'")
-        _wait(page, "document.querySelectorAll('#agent option').length >= 2")
-        _wait(page, "[...document.querySelectorAll('#voice option')].some(o => o.value === 'fake')")
+        wait_on(page, "window.voiceAgent.state === 'live'")
+        wait_on(page, "document.querySelectorAll('#agent option').length >= 2")
+        wait_on(
+            page, "[...document.querySelectorAll('#voice option')].some(o => o.value === 'fake')"
+        )
         # the session keeps the voice and agent its token was minted with: the page sends
         # its rates only, and its pickers show what the gateway says
         session = page.evaluate("window.voiceAgent.session")
@@ -379,15 +363,15 @@ def test_with_auth_on_the_page_works_with_the_token_it_is_given(
         assert updates and not [f for f in updates if '"voice"' in f or '"agent"' in f], updates
         # what the user picks is sent
         page.select_option("#agent", "echo")
-        _wait(page, "window.voiceAgent.session.agent === 'echo'")
+        wait_on(page, "window.voiceAgent.session.agent === 'echo'")
         session_id = session["id"]
 
         # the token stops opening sessions (as one past its lifetime: revoked here, to save
         # its 10 s at least) and the connection is lost: the reconnect is refused; the page
         # says a new token is needed, and a new one resumes the session
-        _run(revoke(redis, lent_id))
+        in_a_thread(revoke(redis, lent_id))
         page.evaluate("window.__stuck = window.__sockets.at(-1)")
-        _wait(page, "window.voiceAgent.state === 'idle'")
+        wait_on(page, "window.voiceAgent.state === 'idle'")
         status = page.inner_text("#status")
         assert (
             "HTTP 401" in status
@@ -395,17 +379,17 @@ def test_with_auth_on_the_page_works_with_the_token_it_is_given(
         ), status
         page.fill("#token", token(keeps))
         page.click("#connect")
-        _wait(page, LIVE_AGAIN, 30, 1)
+        wait_on(page, LIVE_AGAIN, 30, 1)
         resumed = page.evaluate("window.voiceAgent.session")
         assert (resumed["id"], resumed["agent"]) == (session_id, "echo"), resumed
         page.click("#disconnect")
-        _wait(page, "window.voiceAgent.state === 'idle'")
+        wait_on(page, "window.voiceAgent.state === 'idle'")
 
         # the tenant's daily audio quota runs out mid-session (1008): the page names it
         closes = page.evaluate("window.voiceAgent.closes.length")
         page.fill("#token", token(tight))
         page.click("#connect")
-        _wait(page, ENDED, 30, closes)
+        wait_on(page, ENDED, 30, closes)
         close = page.evaluate("window.voiceAgent.closes.at(-1)")
         status = page.inner_text("#status")
         assert close["code"] == 1008 and "daily audio quota" in status, (close, status)
@@ -415,6 +399,6 @@ def test_with_auth_on_the_page_works_with_the_token_it_is_given(
         closes = page.evaluate("window.voiceAgent.closes.length")
         page.fill("#token", token(tight))
         page.click("#connect")
-        _wait(page, ENDED, 30, closes)
+        wait_on(page, ENDED, 30, closes)
         status = page.inner_text("#status")
         assert "daily audio quota" in status and "unreachable" not in status, status
