@@ -80,7 +80,6 @@ class AsrStream:
         partials: bool,
         partial_interval_ms: int,
         speculate: bool = True,
-        max_pending_finals: int = MAX_PENDING_FINALS,
     ) -> None:
         self.channel = channel
         self.meter = NO_METER
@@ -96,7 +95,6 @@ class AsrStream:
         self.segment_id = ""
         self._partial_task: asyncio.Task[None] | None = None
         self._last_partial_ms = 0
-        self.max_pending_finals = max_pending_finals
         self._finals: deque[_Final] = deque()
         """The finals on their way, in segment order; the first is the one being sent."""
         self._finals_added = asyncio.Event()
@@ -145,7 +143,7 @@ class AsrStream:
     async def _commit(self, tasks: asyncio.TaskGroup) -> None:
         """Finalize the open segment; with none, answer with an empty final all the same
         (after the finals still on their way), so a client waiting for one never waits.
-        With `max_pending_finals` on their way, refuse it (`capacity`): nothing changes."""
+        With `MAX_PENDING_FINALS` on their way, refuse it (`capacity`): nothing changes."""
         if self._full():
             await self.channel.send_error(self._refusal("commit refused"), fatal=False)
             return
@@ -184,7 +182,7 @@ class AsrStream:
     async def _on_end(
         self, end: SpeechEnd | None, tasks: asyncio.TaskGroup, last: bool = False
     ) -> None:
-        """Queue the segment's final; with `max_pending_finals` on their way it is lost
+        """Queue the segment's final; with `MAX_PENDING_FINALS` on their way it is lost
         (a `capacity` error with its id), unless it is the `last` (the client closes)."""
         if end is None:
             return
@@ -207,11 +205,11 @@ class AsrStream:
         self._queue(_Final(segment_id, end.start_ms, end.end_ms, work))
 
     def _full(self) -> bool:
-        return len(self._finals) >= self.max_pending_finals
+        return len(self._finals) >= MAX_PENDING_FINALS
 
     def _refusal(self, what: str) -> CapacityError:
         return CapacityError(
-            f"{what}: {self.max_pending_finals} finals are already on their way on this "
+            f"{what}: {MAX_PENDING_FINALS} finals are already on their way on this "
             "connection; read them first"
         )
 

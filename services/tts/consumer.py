@@ -9,7 +9,6 @@ the job then and tells the engine to stop (services/tts/synthesizer.py).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from contextlib import aclosing
@@ -24,6 +23,7 @@ from services.common.bus.messages import TtsJob
 from services.common.bus.settings import RedisSettings
 from services.common.bus.streams import Delivery, is_cancelled, publish
 from services.common.errors import VoiceAgentError
+from services.common.service.waiting import set_within
 from services.tts.metrics import TTS_CANCELLED
 from services.tts.synthesizer import Synthesizer, until_stopped
 
@@ -44,7 +44,6 @@ class TtsJobHandler:
         self.settings = settings
         self.keys = keys
         self.cancel_poll_s = CANCEL_POLL_S
-        self._watchers: set[asyncio.Task[None]] = set()
 
     async def __call__(self, delivery: Delivery) -> None:
         job = TtsJob.model_validate_json(delivery.fields[b"meta"])
@@ -69,8 +68,6 @@ class TtsJobHandler:
         index = samples = 0
         stop, over = asyncio.Event(), asyncio.Event()
         watcher = asyncio.create_task(self._watch(job.response_id, stop, over))
-        self._watchers.add(watcher)  # it ends by itself once `over`, after any look under way
-        watcher.add_done_callback(self._watchers.discard)
         try:
             stream = self.synthesizer.stream(request, job.sample_rate, job.tenant)
             async with aclosing(until_stopped(stream, stop)) as chunks:
@@ -83,6 +80,7 @@ class TtsJobHandler:
                     samples += chunk.size
         finally:
             over.set()
+            await watcher  # at once, or after the look under way
         if stop.is_set():
             TTS_CANCELLED.inc()
             return "cancelled", index, samples
@@ -92,12 +90,7 @@ class TtsJobHandler:
         """Set `stop` once the response is cancelled: a look every `cancel_poll_s` until the
         job is `over` (a look under way is let finish: a Redis command cut off costs its
         connection)."""
-        while not over.is_set():
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.cancel_poll_s):
-                    await over.wait()
-            if over.is_set():
-                return
+        while not await set_within(over, self.cancel_poll_s):
             try:
                 if await is_cancelled(self.redis, self.keys, response_id):
                     stop.set()
