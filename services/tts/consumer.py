@@ -1,14 +1,15 @@
 """The Redis transport of the TTS service: TTS jobs in, audio chunks to the owner's stream.
 
 A job's cancellation (the gateway's barge-in marks its response cancelled) is looked for
-before each chunk is published, so none is published once it is seen, and every
-`cancel_poll_s` while the job waits for a slot or for the engine's next piece, which ends
-the job then and tells the engine to stop (services/tts/synthesizer.py).
+once before its synthesis, then every `cancel_poll_s` while it runs, in one lookup for all
+of this process's running jobs (`CancelWatch`). Seen, it ends the job at once, whether it
+waits for a slot or for the engine's next piece, tells the engine to stop
+(services/tts/synthesizer.py), and publishes no chunk more. Chunks made in the moments
+before it is seen are dropped by the gateway, which stopped the response already.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from contextlib import aclosing
@@ -21,16 +22,15 @@ from services.common.audio.pcm import float_to_pcm16, samples_to_ms
 from services.common.bus.keys import Keys
 from services.common.bus.messages import TtsJob
 from services.common.bus.settings import RedisSettings
-from services.common.bus.streams import Delivery, is_cancelled, publish
+from services.common.bus.streams import CancelWatch, Delivery, is_cancelled, publish
 from services.common.errors import VoiceAgentError
-from services.common.service.waiting import set_within
 from services.tts.metrics import TTS_CANCELLED
 from services.tts.synthesizer import Synthesizer, until_stopped
 
 log = logging.getLogger(__name__)
 
 CANCEL_POLL_S: Final = 0.1
-"""How often a running job looks for its cancellation between its chunks."""
+"""How often the running jobs' cancellations are looked for (all in one lookup)."""
 
 
 class TtsJobHandler:
@@ -43,7 +43,7 @@ class TtsJobHandler:
         self.redis = redis
         self.settings = settings
         self.keys = keys
-        self.cancel_poll_s = CANCEL_POLL_S
+        self.cancels = CancelWatch(redis, keys, CANCEL_POLL_S)
 
     async def __call__(self, delivery: Delivery) -> None:
         job = TtsJob.model_validate_json(delivery.fields[b"meta"])
@@ -66,37 +66,17 @@ class TtsJobHandler:
             return "cancelled", 0, 0
         request = self.synthesizer.request(job.text, job.voice, job, job.continues)
         index = samples = 0
-        stop, over = asyncio.Event(), asyncio.Event()
-        watcher = asyncio.create_task(self._watch(job.response_id, stop, over))
-        try:
+        with self.cancels.watching(job.response_id) as stop:
             stream = self.synthesizer.stream(request, job.sample_rate, job.tenant)
             async with aclosing(until_stopped(stream, stop)) as chunks:
                 async for chunk in chunks:
-                    if await is_cancelled(self.redis, self.keys, job.response_id):
-                        stop.set()
-                        break
                     await self._publish(job, job.chunk(index).dump(), float_to_pcm16(chunk))
                     index += 1
                     samples += chunk.size
-        finally:
-            over.set()
-            await watcher  # at once, or after the look under way
-        if stop.is_set():
-            TTS_CANCELLED.inc()
-            return "cancelled", index, samples
+            if stop.is_set():
+                TTS_CANCELLED.inc()
+                return "cancelled", index, samples
         return "completed", index, samples
-
-    async def _watch(self, response_id: str, stop: asyncio.Event, over: asyncio.Event) -> None:
-        """Set `stop` once the response is cancelled: a look every `cancel_poll_s` until the
-        job is `over` (a look under way is let finish: a Redis command cut off costs its
-        connection)."""
-        while not await set_within(over, self.cancel_poll_s):
-            try:
-                if await is_cancelled(self.redis, self.keys, response_id):
-                    stop.set()
-                    return
-            except Exception:  # Redis out of reach: the job's own writes fail and say so
-                log.debug("looking for the cancellation of %s failed", response_id, exc_info=True)
 
     async def _publish(self, job: TtsJob, meta: bytes, audio: bytes | None = None) -> None:
         # each chunk on a replica (wait_replicas) before the next: see bus.publish

@@ -18,13 +18,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-import pytest
 
 from services.common.bus.connection import connect
 from services.common.bus.keys import Keys
 from services.common.bus.messages import TtsJob
-from services.common.bus.streams import Delivery, cancel
-from services.tts import consumer
+from services.common.bus.streams import CancelWatch, Delivery, cancel
 from services.tts.consumer import TtsJobHandler
 from services.tts.engines.base import AudioF32, SpeechRequest
 from services.tts.engines.fake import FakeTtsEngine
@@ -194,18 +192,18 @@ async def test_a_stop_ends_the_stream_mid_piece_and_the_slot_follows_the_engine(
 
 
 class _Job:
-    """A handler on a real Redis, one job of it, what the job published, and how many
-    times the handler looked for the job's cancellation."""
+    """A handler on a real Redis, and jobs of it (`job`, and more from `another`)."""
 
-    def __init__(
-        self, redis_server: RedisProc, engine: GatedEngine, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
+    def __init__(self, redis_server: RedisProc, engine: GatedEngine, slots: int = 1) -> None:
         self.settings = redis_server.settings()
         self.redis = connect(self.settings)
         self.keys = Keys(self.settings.prefix, self.settings.shards)
-        synthesizer = Synthesizer(engine, max_concurrent=1, max_queue=4, chunk_ms=CHUNK_MS)
+        synthesizer = Synthesizer(engine, max_concurrent=slots, max_queue=4, chunk_ms=CHUNK_MS)
         self.handler = TtsJobHandler(synthesizer, self.redis, self.settings, self.keys)
-        self.job = TtsJob(
+        self.job = self.another()
+
+    def another(self) -> TtsJob:
+        return TtsJob(
             job_id=f"job-{uuid.uuid4().hex[:8]}",
             session_id="s1",
             response_id=f"r-{uuid.uuid4().hex[:8]}",
@@ -213,49 +211,37 @@ class _Job:
             text="gated words",
             voice="default",
             sample_rate=RATE,
-            reply_to=f"{self.settings.prefix}:test:reply",
+            reply_to=f"{self.settings.prefix}:test:reply:{uuid.uuid4().hex[:8]}",
         )
-        self.looks = 0
-        looked_up = consumer.is_cancelled
 
-        async def look(*args: Any) -> bool:
-            cancelled = await looked_up(*args)
-            self.looks += 1
-            return cancelled
-
-        monkeypatch.setattr(consumer, "is_cancelled", look)
-
-    async def published(self) -> list[dict[str, Any]]:
-        entries = await self.redis.xrange(self.job.reply_to)
+    async def published(self, job: TtsJob | None = None) -> list[dict[str, Any]]:
+        entries = await self.redis.xrange((job or self.job).reply_to)
         return [json.loads(fields[b"meta"]) for _, fields in entries]
 
-    async def first_chunk_and_looked_twice(self) -> None:
-        """Wait until the job's first chunk is published and the handler has looked for its
-        cancellation twice (before the synthesis, and before or after that chunk: a cancel
-        from now on comes while the handler waits for the engine's next piece)."""
+    async def first_chunk(self, job: TtsJob | None = None) -> None:
+        """Wait until the job's first chunk is published (a cancel from now on comes while
+        the handler waits for the engine's next piece)."""
         async with asyncio.timeout(GUARD_S):
-            while not await self.redis.xread({self.job.reply_to: b"0"}, count=1, block=500):
+            while not await self.redis.xread({(job or self.job).reply_to: b"0"}, block=500):
                 pass
-            while self.looks < 2:
-                await asyncio.sleep(0.01)  # polls a condition, asserts no time
 
-    async def cancel(self) -> None:
-        await cancel(self.redis, self.keys, self.settings, self.job.response_id)
+    async def cancel(self, job: TtsJob | None = None) -> None:
+        await cancel(self.redis, self.keys, self.settings, (job or self.job).response_id)
 
 
 async def test_a_cancelled_job_ends_while_the_engine_is_mid_piece(
-    redis_server: RedisProc, monkeypatch: pytest.MonkeyPatch
+    redis_server: RedisProc,
 ) -> None:
     """The response is cancelled after its first chunk, while the engine is in its next
     piece: the job ends `cancelled` without waiting for that piece (it used to look for
     the cancel only after the engine's next chunk), the engine is told to stop, and
     nothing is published after the cancel."""
     engine = GatedEngine()
-    job = _Job(redis_server, engine, monkeypatch)
-    job.handler.cancel_poll_s = 0.01
+    job = _Job(redis_server, engine)
+    job.handler.cancels.poll_s = 0.01
     speaking = asyncio.create_task(job.handler._speak(job.job))
     try:
-        await job.first_chunk_and_looked_twice()
+        await job.first_chunk()
         await wait_set(engine.in_piece)
         await job.cancel()
         async with asyncio.timeout(GUARD_S):
@@ -273,30 +259,65 @@ async def test_a_cancelled_job_ends_while_the_engine_is_mid_piece(
         await job.redis.aclose()
 
 
-async def test_a_chunk_made_after_the_cancel_is_not_published(
-    redis_server: RedisProc, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """With the between-chunks look out of the way (a poll interval of an hour), the chunk
-    the engine makes after the cancel is still not published: the cancel is looked for
-    before each chunk goes out (it used to be looked for after)."""
+async def test_a_cancel_stops_its_own_job_and_no_other(redis_server: RedisProc) -> None:
+    """Two jobs of two responses run at once, both with the engine mid-piece; one response
+    is cancelled. Its job ends `cancelled` and the other goes on to the end once the engine
+    goes on: the jobs share one lookup of their cancellations, not its outcome."""
     engine = GatedEngine()
-    job = _Job(redis_server, engine, monkeypatch)
-    job.handler.cancel_poll_s = 3600
+    job = _Job(redis_server, engine, slots=2)
+    job.handler.cancels.poll_s = 0.01
+    kept = job.another()
     speaking = asyncio.create_task(job.handler(_delivery(job.job)))
+    going_on = asyncio.create_task(job.handler(_delivery(kept)))
     try:
-        await job.first_chunk_and_looked_twice()
+        await job.first_chunk()
+        await job.first_chunk(kept)
         await wait_set(engine.in_piece)
         await job.cancel()
-        engine.release.set()  # the engine goes on: nothing told it to stop yet
         async with asyncio.timeout(GUARD_S):
             await speaking
-        published = await job.published()
-        assert [meta["kind"] for meta in published] == ["tts.chunk", "tts.done"]
-        assert published[-1]["status"] == "cancelled" and published[-1]["chunks"] == 1
+        assert not going_on.done()  # still waiting for the engine
+        engine.release.set()
+        async with asyncio.timeout(GUARD_S):
+            await going_on
+        ended = (await job.published())[-1]
+        assert (ended["kind"], ended["status"], ended["chunks"]) == ("tts.done", "cancelled", 1)
+        ended = (await job.published(kept))[-1]
+        assert (ended["kind"], ended["status"], ended["chunks"]) == ("tts.done", "completed", 4)
+        assert job.handler.cancels._poller is not None
+        async with asyncio.timeout(GUARD_S):  # nothing watched: the lookups end at once
+            await job.handler.cancels._poller
     finally:
         engine.release.set()
         speaking.cancel()
+        going_on.cancel()
         await job.redis.aclose()
+
+
+async def test_one_lookup_covers_every_watched_response(redis_server: RedisProc) -> None:
+    """Three responses watched, all cancelled before the first lookup: that one lookup
+    sets all three (one round trip for all, not one per job), and no lookup follows while
+    nothing watched is left unset. (A response never cancelled stays unset: the test
+    above.)"""
+    settings = redis_server.settings()
+    redis = connect(settings)
+    keys = Keys(settings.prefix, settings.shards)
+    watch = CancelWatch(redis, keys, poll_s=0.01)
+    try:
+        for response_id in ("r1", "r2", "r3"):
+            await cancel(redis, keys, settings, response_id)
+        with (
+            watch.watching("r1") as r1,
+            watch.watching("r2") as r2,
+            watch.watching("r3") as r3,
+            watch.watching("r1") as r1_again,  # a second job of the same response
+        ):
+            async with asyncio.timeout(GUARD_S):
+                await asyncio.gather(r1.wait(), r2.wait(), r3.wait())
+            await asyncio.sleep(0.05)  # five more ticks, for a lookup that should not come
+            assert watch.looks == 1 and r1_again is r1
+    finally:
+        await redis.aclose()
 
 
 def _delivery(job: TtsJob) -> Delivery:

@@ -24,10 +24,13 @@ and writes whose loss would lose a user's turn are followed by `WAIT` (`wait_rep
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import socket
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -246,3 +249,63 @@ async def cancel(redis: Redis, keys: Keys, settings: RedisSettings, response_id:
 async def is_cancelled(redis: Redis, keys: Keys, response_id: str) -> bool:
     """Whether a response has been cancelled."""
     return bool(await redis.exists(keys.cancelled(response_id)))
+
+
+class CancelWatch:
+    """The cancellation marks of one process's running jobs, looked up together: one
+    round trip every `poll_s` for all of them (a pipeline of EXISTS, which a cluster client
+    splits by node), however many jobs run, instead of a look per job and per chunk.
+
+    `watching(response_id)` gives an event that is set once the response is seen
+    cancelled. The lookups run while anything is watched; the last watcher to leave ends
+    them at once (a lookup under way is let finish: a Redis command cut off costs its
+    connection)."""
+
+    def __init__(self, redis: Redis, keys: Keys, poll_s: float) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.poll_s = poll_s
+        self.looks = 0
+        """Lookups made (each covers every response watched then)."""
+        self._watched: dict[str, tuple[asyncio.Event, int]] = {}
+        self._unwatched = asyncio.Event()
+        self._poller: asyncio.Task[None] | None = None
+
+    @contextlib.contextmanager
+    def watching(self, response_id: str) -> Iterator[asyncio.Event]:
+        event, holders = self._watched.get(response_id, (asyncio.Event(), 0))
+        self._watched[response_id] = (event, holders + 1)
+        self._unwatched.clear()
+        if self._poller is None or self._poller.done():
+            self._poller = asyncio.create_task(self._poll(), name="cancel-watch")
+        try:
+            yield event
+        finally:
+            event, holders = self._watched[response_id]
+            if holders > 1:
+                self._watched[response_id] = (event, holders - 1)
+            else:
+                del self._watched[response_id]
+                if not self._watched:
+                    self._unwatched.set()
+
+    async def _poll(self) -> None:
+        while self._watched:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.poll_s):
+                    await self._unwatched.wait()
+            watched = [(r, event) for r, (event, _) in self._watched.items() if not event.is_set()]
+            if not watched:
+                continue
+            try:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    for response_id, _ in watched:
+                        pipe.exists(self.keys.cancelled(response_id))
+                    found = await pipe.execute()
+            except Exception:  # Redis out of reach: the jobs' own writes fail and say so
+                log.debug("looking for cancellations failed", exc_info=True)
+                continue
+            self.looks += 1
+            for (_, event), cancelled in zip(watched, found, strict=True):
+                if cancelled:
+                    event.set()
