@@ -35,12 +35,20 @@ class SessionRefused(Exception):
     """The gateway closed the connection or sent an `error` instead of `session.created`
     (draining or full: `capacity`, a used-up quota, a refused credential...)."""
 
-    def __init__(self, message: str, code: str | None = None, close_code: int | None = None):
+    def __init__(
+        self,
+        message: str,
+        code: str | None = None,
+        close_code: int | None = None,
+        retry_after_s: float | None = None,
+    ):
         super().__init__(message)
         self.code = code
         """The `error` event's code, when one came."""
         self.close_code = close_code
         """The WebSocket close code, when the connection closed (1013: at capacity)."""
+        self.retry_after_s = retry_after_s
+        """When the gateway said trying again may succeed: after this many seconds."""
 
 
 class SessionClosed(Exception):
@@ -220,6 +228,7 @@ class StreamClient:
                 f"the gateway refused the session: {message.get('message', message)}",
                 code=message.get("code"),
                 close_code=self.ws.close_code,
+                retry_after_s=message.get("retry_after_s"),
             )
         raise SessionRefused(
             f"not a voice-agent stream: its first message was {str(first)[:200]!r}"

@@ -14,6 +14,9 @@ class VoiceAgentError(Exception):
     http_status: int = 500
     close_code: int = 1011
     fatal: bool = False
+    retry_after_s: float | None = None
+    """When trying again may succeed, after how many seconds (capacity, a rate limit); sent
+    as the `error` event's `retry_after_s` and a REST answer's Retry-After."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message)

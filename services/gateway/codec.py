@@ -142,7 +142,7 @@ class NativeCodec:
     def encode_error(
         self, exc: VoiceAgentError, fatal: bool, answering: bool = False
     ) -> list[Outgoing]:
-        return [ErrorEvent(code=exc.code, message=exc.message, fatal=fatal).dump()]
+        return [ErrorEvent.of(exc, fatal).dump()]
 
 
 class SessionChannel:

@@ -107,6 +107,7 @@ async def test_slow_engines_refuse_newcomers_and_admission_reopens(stack: Stack)
         events, code, reason = await refusal(stack.url)
         assert code == 1013
         assert [(e["type"], e["code"]) for e in events] == [("error", "capacity")]
+        assert events[0]["retry_after_s"] == 10  # the same hint, where a client reads it
         assert reason.startswith("gateway at capacity, retry after 10 s: voice-to-voice p95")
         # the running session is still served
         stack.asr_engine.settings.latency_ms = 0.0

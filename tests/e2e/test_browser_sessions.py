@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import threading
 import time
 import wave
@@ -234,6 +235,15 @@ def test_the_page_keeps_its_session_through_restarts_drops_and_dead_networks(
         # it, so the page's reconnect meets the drain (1013); it tries again, later
         _drain(first)
         wait_on(page, "window.voiceAgent.closes.some(c => c.code === 1013)")
+        # not sooner than the drain's error said (`retry_after_s` 1), though the backoff
+        # alone would have waited at most 0.625 s
+        waits = [
+            float(m[1])
+            for s in page.evaluate("window.__statuses")
+            if "is draining" in s
+            and (m := re.search(r"Reconnecting to session \S+ in ([\d.]+) s", s))
+        ]
+        assert waits and waits[0] >= 1.0, waits
         proxy.target = second.port
         live_again(1)
         # then the second gateway drains too: the page follows again, to the third

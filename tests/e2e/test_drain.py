@@ -79,6 +79,7 @@ async def test_drain_closes_sessions_between_turns_with_1012_and_they_resume(
             async with websockets.connect(url) as late:
                 error = json.loads(await late.recv())
                 assert error["type"] == "error" and error["code"] == "capacity"
+                assert error["retry_after_s"] == 1
             await leaves.close()  # ends by itself within the grace period
             assert (await _until_closed(resting))[1] == 1012  # between turns: closed at once
             events, code = await _until_closed(answering)

@@ -16,7 +16,8 @@ from services.client.stream import SessionRefused, StreamClient
 async def _refuse(ws: ServerConnection) -> None:
     path = ws.request.path if ws.request is not None else ""
     if path == "/full":  # what a draining or full gateway does
-        await ws.send(json.dumps({"type": "error", "code": "capacity", "message": "full"}))
+        full = {"type": "error", "code": "capacity", "message": "full", "retry_after_s": 10}
+        await ws.send(json.dumps(full))
         await ws.close(1013, "at capacity")
     elif path == "/quota":
         await ws.close(1008, "the daily audio quota is used up")
@@ -46,3 +47,4 @@ async def test_a_refusal_is_typed(
         async with StreamClient(refusing + path):
             pass
     assert (refused.value.code, refused.value.close_code) == (code, close_code)
+    assert refused.value.retry_after_s == (10 if code == "capacity" else None)

@@ -86,7 +86,7 @@ def late_admission(conn: HTTPConnection) -> LateAdmission | None:
 
 
 def retry_headers(exc: VoiceAgentError) -> dict[str, str] | None:
-    wait = getattr(exc, "retry_after_s", None)
+    wait = exc.retry_after_s
     return None if wait is None else {"Retry-After": str(max(1, round(wait)))}
 
 

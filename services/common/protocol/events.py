@@ -20,7 +20,7 @@ from pydantic import (
 )
 
 from services.common.audio.pcm import SampleRate
-from services.common.errors import InvalidMessage, UnsupportedSampleRate
+from services.common.errors import InvalidMessage, UnsupportedSampleRate, VoiceAgentError
 from services.common.text import CONTROL_CHARACTERS
 
 
@@ -361,6 +361,22 @@ class ErrorEvent(Event):
     message: str
     fatal: bool = False
     id: str | None = None
+    retry_after_s: float | None = None
+    """Set when trying again later may succeed (`capacity`, `rate_limited`,
+    `quota_exceeded`): not before this many seconds."""
+
+    @classmethod
+    def of(
+        cls, exc: VoiceAgentError, fatal: bool | None = None, id: str | None = None
+    ) -> ErrorEvent:
+        """The event that reports `exc` (`fatal` overrides the error's own flag)."""
+        return cls(
+            code=exc.code,
+            message=exc.message,
+            fatal=exc.fatal if fatal is None else fatal,
+            id=id,
+            retry_after_s=exc.retry_after_s,
+        )
 
 
 # ---------------------------------------------------------------- ASR stream

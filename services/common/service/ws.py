@@ -89,8 +89,7 @@ class Channel:
         on a connection that goes on is not fatal there.
         """
         metrics.ERRORS.labels(self.service, exc.code).inc()
-        fatal = exc.fatal if fatal is None else fatal
-        await self.send(ErrorEvent(code=exc.code, message=exc.message, fatal=fatal, id=request_id))
+        await self.send(ErrorEvent.of(exc, fatal, request_id))
 
     async def close(self, code: int = 1000, reason: str = "") -> None:
         async with self._lock:

@@ -452,11 +452,11 @@ function lostConnection(code, reason) {
   return code === 1006 || (code === 1011 && /keepalive/i.test(reason));
 }
 
-function resumable(code, reason) {
+function resumable(s, code, reason) {
   if (lostConnection(code, reason) || [1001, 1011, 1012].includes(code)) return true;
-  // at capacity: the draining gateway itself (the reconnect after its 1012 may reach it
-  // again), or any gateway while the page is already taking a session up again
-  return code === 1013 && (retry.since != null || /draining/i.test(reason));
+  // at capacity (the draining gateway itself, which the reconnect after its 1012 may reach
+  // again, or a full one): try again when the gateway's error says when
+  return code === 1013 && (retry.since != null || retryHintMs(s) > 0);
 }
 
 function closeMessage(s, code, reason) {
@@ -471,9 +471,9 @@ function closeMessage(s, code, reason) {
   return reason ? `${message} ${reason}` : message;
 }
 
-function retryHintMs(reason) {
-  const hint = /retry after (\d+(?:\.\d+)?) ?s/i.exec(reason || "");
-  return hint ? Number(hint[1]) * 1000 : 0;
+function retryHintMs(s) {
+  // the fatal `error` before the close says when trying again may succeed
+  return s.fatal && s.fatal.retry_after_s ? s.fatal.retry_after_s * 1000 : 0;
 }
 
 function openSocket(sessionId) {
@@ -525,7 +525,7 @@ function onClose(s, code, reason) {
   logLine("note", null, message);
   if (s.leaving) return finish(message, "idle");
   if (!s.opened && code === 1006) return diagnose(s);
-  if (resumeId && resumable(code, reason)) return retryLater(message, retryHintMs(reason));
+  if (resumeId && resumable(s, code, reason)) return retryLater(message, retryHintMs(s));
   if (code === 1000 || code === 1008) resumeId = null; // it ended, or may not go on
   finish(message, code === 1000 ? "idle" : "error");
 }
