@@ -49,7 +49,7 @@ from services.common.protocol.events import (
     parse,
 )
 from services.common.service.routes import ServiceState
-from services.common.service.ws import Channel, Disconnected
+from services.common.service.ws import Channel, failing_typed
 
 log = logging.getLogger(__name__)
 
@@ -304,21 +304,8 @@ async def serve_asr_stream(
             return
         stream = AsrStream(channel, batcher, listener, language, partials, 500, speculate)
         stream.meter = meter_of(ws)
-        fatal: VoiceAgentError | None = None
-        try:
-            async with asyncio.TaskGroup() as tasks:
-                await stream.serve(tasks)
-        except* Disconnected:
-            pass
-        except* VoiceAgentError as group:
-            fatal = group.exceptions[0]  # type: ignore[assignment]
-        except* Exception as group:  # a bug: the client is told its kind, the log the rest
-            failure = group.exceptions[0]
-            log.error("ASR stream failed", exc_info=failure)
-            fatal = InternalError.of(failure)
-        if fatal is not None:
-            await channel.fail(fatal)
-        else:
-            await channel.close(1000)
+        async with failing_typed(channel.fail, "ASR stream"), asyncio.TaskGroup() as tasks:
+            await stream.serve(tasks)
+        await channel.close(1000)  # nothing when it failed: closed already
     finally:
         state.connection_closed()

@@ -24,13 +24,12 @@ from services.common import metrics as common_metrics
 from services.common.auth.guard import meter_of
 from services.common.auth.limits import AudioMeter
 from services.common.errors import (
-    CapacityError,
     EngineUnavailable,
     InvalidAudio,
     VoiceAgentError,
 )
 from services.common.service.routes import ServiceState
-from services.common.service.ws import Channel, Disconnected, ReadAhead
+from services.common.service.ws import Channel, ReadAhead, failing_typed
 from services.duplex.framing import FrameAssembler
 from services.duplex.session import DuplexSession, held_slot, read_ahead
 from services.duplex.stepper import Stepper
@@ -95,6 +94,7 @@ async def _write(channel: Channel, session: DuplexSession, opus: Any) -> None:
 
 async def _fail(channel: Channel, exc: VoiceAgentError) -> None:
     """An error as Moshi clients read one (kind 0x05), then the close code."""
+    log.info("/api/chat session ends: %s (%s)", exc.message, exc.code)
     common_metrics.ERRORS.labels("duplex", exc.code).inc()
     await channel.send_audio(ERROR + exc.message.encode())
     await channel.close(exc.close_code, exc.message)
@@ -107,27 +107,19 @@ async def serve_moshi_chat(
     await ws.accept()
     channel = Channel(ws, "duplex", max_frame_bytes)
     rate = stepper.engine.sample_rate
-    fatal: VoiceAgentError | None = None
-    try:
+
+    async def fail(exc: VoiceAgentError) -> None:
+        await _fail(channel, exc)
+
+    async with failing_typed(fail, "/api/chat session"):
         sphn = _sphn()
         async with held_slot(stepper, state, "moshi") as session:
             reader, writer = sphn.OpusStreamReader(rate), sphn.OpusStreamWriter(rate)
             frames = FrameAssembler(stepper.engine.frame_samples)
             await channel.send_audio(HANDSHAKE)
             received = ReadAhead()
-            try:
-                async with asyncio.TaskGroup() as tasks:
-                    tasks.create_task(read_ahead(channel, received, session), name="moshi-in")
-                    tasks.create_task(_write(channel, session, writer), name="moshi-out")
-                    await _read(received, session, reader, frames, meter_of(ws), rate)
-            except* Disconnected:
-                pass
-            except* VoiceAgentError as group:
-                fatal = group.exceptions[0]  # type: ignore[assignment]
-    except (CapacityError, EngineUnavailable) as exc:
-        fatal = exc
-    if fatal is not None:
-        log.info("/api/chat session ends: %s (%s)", fatal.message, fatal.code)
-        await _fail(channel, fatal)
-    else:
-        await channel.close(1000)
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(read_ahead(channel, received, session), name="moshi-in")
+                tasks.create_task(_write(channel, session, writer), name="moshi-out")
+                await _read(received, session, reader, frames, meter_of(ws), rate)
+    await channel.close(1000)  # nothing when it failed: closed already

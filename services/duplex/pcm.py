@@ -21,10 +21,10 @@ from services.common.audio.polyphase import PolyphaseResampler
 from services.common.auth.credentials import app_subprotocol
 from services.common.auth.guard import meter_of
 from services.common.auth.limits import AudioMeter
-from services.common.errors import CapacityError, UnsupportedSampleRate, VoiceAgentError
+from services.common.errors import UnsupportedSampleRate, VoiceAgentError
 from services.common.protocol.duplex import DuplexReady, TextDelta, parse_client
 from services.common.service.routes import ServiceState
-from services.common.service.ws import Channel, Disconnected, ReadAhead
+from services.common.service.ws import Channel, Disconnected, ReadAhead, failing_typed
 from services.duplex.framing import ClientAudio
 from services.duplex.session import DuplexSession, held_slot, read_ahead
 from services.duplex.stepper import Stepper
@@ -91,32 +91,23 @@ async def serve_pcm_stream(
         await channel.fail(exc)
         return
     engine = stepper.engine
-    fatal: VoiceAgentError | None = None
-    try:
-        async with held_slot(stepper, state, "pcm") as session:
-            ready = DuplexReady(
-                session_id=session.id,
-                input_sample_rate=input_rate,
-                output_sample_rate=output_rate,
-                engine=engine.name,
-                model=engine.model,
-            )
-            await channel.send(ready)
-            audio = ClientAudio(input_rate, engine.sample_rate, engine.frame_samples)
-            out = PolyphaseResampler(engine.sample_rate, output_rate)
-            frames = ReadAhead()
-            try:
-                async with asyncio.TaskGroup() as tasks:
-                    tasks.create_task(read_ahead(channel, frames, session), name="duplex-in")
-                    tasks.create_task(_write(channel, session, out), name="duplex-out")
-                    await _read(channel, frames, session, audio, meter_of(ws), input_rate)
-            except* (Disconnected, ClientClosed):
-                pass
-            except* VoiceAgentError as group:
-                fatal = group.exceptions[0]  # type: ignore[assignment]
-    except CapacityError as exc:
-        fatal = exc
-    if fatal is not None:
-        await channel.fail(fatal)
-    else:
-        await channel.close(1000)
+    async with (
+        failing_typed(channel.fail, "duplex session", (Disconnected, ClientClosed)),
+        held_slot(stepper, state, "pcm") as session,
+    ):
+        ready = DuplexReady(
+            session_id=session.id,
+            input_sample_rate=input_rate,
+            output_sample_rate=output_rate,
+            engine=engine.name,
+            model=engine.model,
+        )
+        await channel.send(ready)
+        audio = ClientAudio(input_rate, engine.sample_rate, engine.frame_samples)
+        out = PolyphaseResampler(engine.sample_rate, output_rate)
+        frames = ReadAhead()
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(read_ahead(channel, frames, session), name="duplex-in")
+            tasks.create_task(_write(channel, session, out), name="duplex-out")
+            await _read(channel, frames, session, audio, meter_of(ws), input_rate)
+    await channel.close(1000)  # nothing when it failed: closed already

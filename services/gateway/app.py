@@ -22,12 +22,12 @@ from services.common.auth.relay import relay_headers
 from services.common.auth.tokens_api import install_auth
 from services.common.bus.connection import connect
 from services.common.bus.messages import BusResult
-from services.common.errors import CapacityError, Forbidden, InternalError, VoiceAgentError
+from services.common.errors import CapacityError, Forbidden, VoiceAgentError
 from services.common.platform.threads import limit_blas_threads
 from services.common.protocol.events import SessionConfig, SessionCreated
 from services.common.service.lifecycle import Background
 from services.common.service.routes import ServiceState, install_ops
-from services.common.service.ws import Channel, Disconnected
+from services.common.service.ws import Channel, failing_typed
 from services.gateway import metrics, tools
 from services.gateway.admission import Admission
 from services.gateway.agent import AGENTS, Agent, AgentContext, Turn, can_prepare, load_agents
@@ -312,7 +312,8 @@ def create_app(
         saved = asyncio.Event()
         tools.SESSION.set(config.id)  # its tasks inherit it: one share of the tool threads
         try:
-            async with asyncio.TaskGroup() as tasks:
+            failing = failing_typed(channel.fail, f"session {config.id}")
+            async with failing, asyncio.TaskGroup() as tasks:
                 session = await new_session(ws, config, channel, listener, tasks, history)
                 sessions[config.id] = session
                 session_ended[config.id] = saved
@@ -320,15 +321,6 @@ def create_app(
                 notice = chosen.notice if config.agent == chosen.agent else None
                 await channel.send(SessionCreated(session=config, notice=resumed_notice or notice))
                 await session.serve()
-        except* Disconnected:
-            pass
-        except* VoiceAgentError as group:
-            await channel.fail(group.exceptions[0])  # type: ignore[arg-type]
-        except* Exception as group:
-            log.exception("session %s failed", config.id)
-            # never a bare close: the client reads a typed error, no details (the log has them)
-            await channel.send_error(InternalError.of(group.exceptions[0]))
-            await channel.close(1011, "internal error")
         finally:
             ended = sessions.pop(config.id, None)
             try:

@@ -24,7 +24,7 @@ from services.common.protocol.events import (
     parse,
 )
 from services.common.service.routes import ServiceState
-from services.common.service.ws import Channel, Disconnected
+from services.common.service.ws import Channel, Disconnected, failing_typed
 from services.common.tenancy import DEFAULT_TENANT
 from services.tts.synthesizer import Synthesizer, until_stopped
 
@@ -165,20 +165,14 @@ async def serve_tts_stream(
     tenant = principal_of(ws).tenant
     stream = TtsStream(channel, synthesizer, default_rate, max_input_chars, tenant)
     try:
-        await channel.send(TtsReady())
-        async with asyncio.TaskGroup() as tasks:
-            speaker = tasks.create_task(stream.speak(), name="tts-speaker")
-            try:
-                await stream.read()
-            finally:
-                speaker.cancel()
-    except* Disconnected:
-        pass
-    except* VoiceAgentError as group:
-        await channel.fail(group.exceptions[0])  # type: ignore[arg-type]
-    except* Exception as group:  # a bug: the client is told, with the close code that says so
-        log.error("tts stream failed", exc_info=group.exceptions[0])
-        await channel.fail(InternalError.of(group.exceptions[0]))
+        async with failing_typed(channel.fail, "TTS stream"):
+            await channel.send(TtsReady())
+            async with asyncio.TaskGroup() as tasks:
+                speaker = tasks.create_task(stream.speak(), name="tts-speaker")
+                try:
+                    await stream.read()
+                finally:
+                    speaker.cancel()
     finally:
         state.connection_closed()
         await channel.close(1000)

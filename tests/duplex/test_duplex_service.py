@@ -14,6 +14,7 @@ import sphn
 import websockets
 from websockets.asyncio.client import ClientConnection, connect
 
+from services.duplex import moshi_chat, pcm
 from tests.conftest import RedisProc
 from tests.duplex.tiny import section
 from tests.duplex_client import FRAME, Heard, duplex_server, histogram_count_above, receive
@@ -115,3 +116,31 @@ async def test_beyond_max_sessions_both_protocols_are_refused_with_1013(
             with pytest.raises(websockets.ConnectionClosed):
                 await again.recv()
         assert again.close_code == 1013
+
+
+async def test_a_bug_is_a_typed_internal_error_on_both_protocols(
+    server: ServerThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure of ours mid-session: the PCM client reads a fatal `internal` error and
+    1011, the Moshi client its error kind (0x05) and 1011, neither a bare close with the
+    details (it used to escape to the server: a bare 1011)."""
+
+    async def broken(*_: object) -> None:
+        raise RuntimeError("a bug of ours, with a detail")
+
+    monkeypatch.setattr(pcm, "_read", broken)
+    monkeypatch.setattr(moshi_chat, "_read", broken)
+    async with connect(f"{server.ws}/v1/stream/duplex") as ws:
+        assert json.loads(await ws.recv())["type"] == "ready"
+        error = json.loads(await ws.recv())
+        with pytest.raises(websockets.ConnectionClosed):
+            await ws.recv()
+    assert (error["code"], error["fatal"]) == ("internal", True)
+    assert error["message"] == "internal error (RuntimeError)"
+    assert ws.close_code == 1011
+    async with connect(f"{server.ws}/api/chat") as chat:
+        assert await chat.recv() == b"\x00"
+        told = await chat.recv()
+        with pytest.raises(websockets.ConnectionClosed):
+            await chat.recv()
+    assert told == b"\x05internal error (RuntimeError)" and chat.close_code == 1011

@@ -223,7 +223,7 @@ async def test_an_unexpected_failure_is_a_typed_error_not_a_bare_close(
     with ServerThread(app) as gateway:
         async with session(f"{gateway.ws}/v1/stream") as client:
             await client.closed()
-    assert (client.ws.close_code, client.ws.close_reason) == (1011, "internal error")
+    assert (client.ws.close_code, client.ws.close_reason) == (1011, "internal error (RuntimeError)")
     assert [(e["type"], e["code"], e["fatal"]) for e in client.events] == [
         ("error", "internal", True)
     ]

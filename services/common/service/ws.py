@@ -7,14 +7,16 @@ events through it directly, the gateway puts a codec on it (services/gateway/cod
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from services.common import metrics
-from services.common.errors import FrameTooBig, VoiceAgentError
+from services.common.errors import FrameTooBig, InternalError, VoiceAgentError
 from services.common.protocol.events import ErrorEvent, Event
 
 log = logging.getLogger(__name__)
@@ -22,6 +24,28 @@ log = logging.getLogger(__name__)
 
 class Disconnected(Exception):
     """The peer went away."""
+
+
+@contextlib.asynccontextmanager
+async def failing_typed(
+    fail: Callable[[VoiceAgentError], Awaitable[None]],
+    what: str,
+    gone: tuple[type[Exception], ...] = (Disconnected,),
+) -> AsyncIterator[None]:
+    """Serve a connection (a task group, usually) so that however it ends, the client is
+    told in its protocol: the client gone (`gone`) ends it quietly; a domain error is
+    `fail`ed as it is (its `error`, then its close code); anything else is a bug, logged
+    here as `what` failed, and the client reads a fatal `internal` error naming only its
+    kind, then 1011: never a bare close."""
+    try:
+        yield
+    except* gone:
+        pass
+    except* VoiceAgentError as group:
+        await fail(group.exceptions[0])  # type: ignore[arg-type]
+    except* Exception as group:
+        log.error("%s failed", what, exc_info=group.exceptions[0])
+        await fail(InternalError.of(group.exceptions[0]))
 
 
 @dataclass(frozen=True, slots=True)
