@@ -12,8 +12,9 @@ from typing import Any
 
 from pydantic import ValidationError
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
-from services.common.bus.connection import REDIS_DOWN
+from services.common.bus.connection import REDIS_DOWN, REDIS_FAILED
 from services.common.bus.durable import Fields
 from services.common.bus.keys import Keys
 from services.common.bus.messages import RESULTS, AsrJob, BusResult, TtsJob
@@ -122,25 +123,59 @@ class GatewayBus:
     async def route_results(self, deliver: Deliver) -> None:
         """Read this gateway's result stream forever, handing each result to `deliver`.
 
-        Starts from the beginning: `reset` cleared what an earlier process left.
-        """
-        last_id = b"0-0"
+        Starts from the beginning: `reset` cleared what an earlier process left. Redis out
+        of reach, or refusing (a read cut off by a failover answers `UNBLOCKED`), costs a
+        backoff, never the reader. After an error or an empty read the cursor is checked
+        (`_checked_cursor`)."""
+        cursor = b"0-0"
         backoff = 0.2
+        suspect = False
         while True:
             try:
+                if suspect:
+                    cursor = await self._checked_cursor(cursor)
                 reply: Any = await self.redis.xread(
-                    {self.reply_to: last_id}, count=256, block=self.settings.block_ms
+                    {self.reply_to: cursor}, count=256, block=self.settings.block_ms
                 )
                 backoff = 0.2
-            except REDIS_DOWN as exc:
-                log.warning("redis unreachable reading results: %s", exc)
+            except REDIS_FAILED as exc:
+                log.warning("redis unreachable or refusing reading results: %s", exc)
+                suspect = True
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
+            suspect = not reply
             for _, entries in reply or []:
                 for entry_id, fields in entries:
-                    last_id = entry_id
+                    cursor = entry_id
                     self._dispatch(fields, deliver)
+
+    async def _checked_cursor(self, cursor: bytes) -> bytes:
+        """`cursor`, or 0-0 when the stream is gone or was last written below it: a Redis
+        that came back without it (a restart without persistence, a promoted replica that
+        lacked it) numbers new entries by its own clock, which may be behind, and reading
+        after the old cursor would skip every result. Read again from the start, results
+        already delivered are dropped as repeats (`_repeat`)."""
+        if cursor == b"0-0":
+            return cursor
+        try:
+            info: Any = await self.redis.xinfo_stream(self.reply_to)
+        except ResponseError as exc:
+            if "no such key" not in str(exc):
+                raise
+            log.info("result stream %s gone: read from its start", self.reply_to)
+            return b"0-0"
+        last = bytes(info["last-generated-id"])
+        if _entry_order(last) >= _entry_order(cursor):
+            return cursor
+        log.warning(
+            "result stream %s was last written at %s, behind the cursor %s (a Redis that came "
+            "back without it): read from its start",
+            self.reply_to,
+            last.decode(),
+            cursor.decode(),
+        )
+        return b"0-0"
 
     def _dispatch(self, fields: Fields, deliver: Deliver) -> None:
         try:
@@ -151,7 +186,10 @@ class GatewayBus:
         if self._repeat(result):
             log.info("repeated result of job %s dropped", result.job_id)
             return
-        deliver(result, fields.get(b"audio"))
+        try:
+            deliver(result, fields.get(b"audio"))
+        except Exception:  # one session's fault: the reader serves every other session
+            log.exception("delivering the result of job %s failed", result.job_id)
 
     def _repeat(self, result: BusResult) -> bool:
         """Whether this result was delivered already (a job replayed after a failover)."""
@@ -168,3 +206,9 @@ class GatewayBus:
     async def reset(self) -> None:
         """Drop results an earlier process with the same id left behind."""
         await self.redis.delete(self.reply_to)
+
+
+def _entry_order(entry_id: bytes) -> tuple[int, int]:
+    """A stream entry id (`ms-seq`) as something that sorts as Redis sorts them."""
+    ms, _, seq = entry_id.partition(b"-")
+    return int(ms), int(seq or 0)

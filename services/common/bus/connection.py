@@ -63,6 +63,10 @@ master refusing writes it could not replicate)."""
 REDIS_FAILED = (RedisError, OSError)
 """Redis out of reach (REDIS_DOWN) or refusing what it was asked (OOM, NOAUTH, a wrong
 type): what a caller that can go on without the write catches."""
+PASSING_REFUSALS = ("UNBLOCKED", "MASTERDOWN", "LOADING", "BUSY ", "OOM ", "NOGROUP")
+"""Refusals that pass by themselves: a blocked read cut off by a demotion (REPLICAOF, a
+planned CLUSTER FAILOVER), a replica cut off from its master, data still loading, a script
+running, memory full, a group lost with a failed-over master (recreated by the workers)."""
 _RETRIED = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, NoReplicasError)
 """What a command is retried on (with backoff) before the error reaches the caller."""
 
@@ -199,6 +203,19 @@ class _SentinelRedis(Redis):
             for client in self.sentinel_manager.sentinels:
                 with contextlib.suppress(Exception):
                     await client.aclose()
+
+
+def out_of_reach(exc: BaseException) -> bool:
+    """Whether a retry of what raised `exc` can succeed: Redis out of reach (`REDIS_DOWN`)
+    or a refusal that passes by itself (`PASSING_REFUSALS`). Any other refusal (WRONGTYPE,
+    a bad argument) would meet the same answer again: not a reason to retry."""
+    if isinstance(exc, REDIS_DOWN):
+        return True
+    if not isinstance(exc, ResponseError):
+        return False
+    reply = str(exc)
+    _, piped, error = reply.partition(" of pipeline caused error: ")  # a pipeline's wording
+    return (error.strip("('\"") if piped else reply).startswith(PASSING_REFUSALS)
 
 
 def connect(settings: RedisSettings) -> Redis:

@@ -14,7 +14,9 @@ Semantics (see ARCHITECTURE.md and docs/redis-ha.md):
   done, and consumers of results drop repeats, so a reclaimed job never shows twice;
 - streams are trimmed approximately (`MAXLEN ~`) with a generous cap, so trimming
   reaches only long-acknowledged entries;
-- the client's socket timeout exceeds BLOCK, and every consumer name is unique.
+- the client's socket timeout exceeds BLOCK, and every consumer name is unique; a worker
+  that stops cleanly deletes its consumer (`leave`), and `reclaim` deletes those long idle
+  with nothing pending, so consumers do not pile up with restarts.
 
 High availability (docs/redis-ha.md): `redis+sentinel://` URLs go through redis-py's
 Sentinel (the master is re-resolved on every reconnect), `redis+cluster://` URLs through
@@ -27,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import socket
 import uuid
@@ -37,12 +40,16 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from services.common.bus.connection import REDIS_FAILED, out_of_reach
 from services.common.bus.durable import Fields, durable_write, xadd_command
 from services.common.bus.keys import Keys, dead_letter
 from services.common.bus.messages import failure_of
 from services.common.bus.settings import RedisSettings
 
 log = logging.getLogger(__name__)
+
+STALE_CONSUMER_MS = 3_600_000  # a consumer idle this long with nothing pending is deleted
+LEAVE_TIMEOUT_S = 2.0  # how long a stopping worker tries to delete its consumer
 
 
 def consumed_shards(settings: RedisSettings) -> list[int]:
@@ -73,15 +80,25 @@ class JobStream:
     """One job stream seen by one consumer (or by a producer, which needs no group)."""
 
     def __init__(
-        self, redis: Redis, settings: RedisSettings, stream: str, group: str, consumer: str
+        self,
+        redis: Redis,
+        settings: RedisSettings,
+        stream: str,
+        group: str,
+        consumer: str,
+        stale_consumer_ms: int = STALE_CONSUMER_MS,
     ) -> None:
+        """`stale_consumer_ms`: how long a consumer with nothing pending stays idle before
+        `reclaim` deletes it (a live worker's blocking reads keep it at most `block_ms`)."""
         self.redis = redis
         self.settings = settings
         self.stream = stream
         self.group = group
         self.consumer = consumer
         self.dead_stream = dead_letter(stream)
+        self.stale_consumer_ms = stale_consumer_ms
         self._claim_cursor = b"0-0"
+        self._last_sweep = -math.inf
 
     async def ensure_group(self) -> None:
         """Create the consumer group (and the stream) if missing."""
@@ -123,7 +140,12 @@ class JobStream:
         `running`: the entries this consumer has in flight. One of them comes back when its
         touches were lost (acknowledged by a master that died before its replica had them):
         its delivery count is put back (XAUTOCLAIM added one) and it is not returned, so it is
-        neither run twice nor dead-lettered while it runs."""
+        neither run twice nor dead-lettered while it runs.
+
+        Each claimed entry is handled on its own: a refusal on one (its owner's `reply_to`
+        a key of another type) never strands the others, now this consumer's. Redis lost
+        midway returns those claimed so far and rewinds the cursor to the rest. Now and then
+        (`stale_consumer_ms`) consumers long idle with nothing pending are deleted."""
         reply: Any = await self.redis.xautoclaim(
             self.stream,
             self.group,
@@ -136,17 +158,67 @@ class JobStream:
         self._claim_cursor = cursor
         claimed: list[Delivery] = []
         for entry_id, fields in entries:
-            if not fields:  # deleted by trimming while pending
-                await self.ack(entry_id)
-            elif entry_id in running:
-                await self._give_back_delivery(entry_id)
-            elif await self._times_delivered(entry_id) > self.settings.max_deliveries:
-                await self._dead_letter(entry_id, fields)
-            else:
-                claimed.append(Delivery(entry_id, fields))
+            try:
+                if await self._triage(entry_id, fields, running):
+                    claimed.append(Delivery(entry_id, fields))
+            except REDIS_FAILED as exc:
+                if not out_of_reach(exc):
+                    log.error("job %s on %s: %s", entry_id.decode(), self.stream, exc)
+                    continue
+                log.warning("redis lost reclaiming on %s: %s", self.stream, exc)
+                self._claim_cursor = entry_id  # the rest is looked at again next time
+                break
         if claimed:
             log.warning("reclaimed %d pending job(s) on %s", len(claimed), self.stream)
+        await self._sweep()
         return claimed
+
+    async def _triage(self, entry_id: bytes, fields: Fields, running: frozenset[bytes]) -> bool:
+        """Settle one entry XAUTOCLAIM gave this consumer; True if it is to be run."""
+        if not fields:  # deleted by trimming while pending
+            await self.ack(entry_id)
+        elif entry_id in running:
+            await self._give_back_delivery(entry_id)
+        elif await self._times_delivered(entry_id) > self.settings.max_deliveries:
+            await self._dead_letter(entry_id, fields)
+        else:
+            return True
+        return False
+
+    async def leave(self) -> None:
+        """Delete this consumer from the group, if nothing is pending on it (a worker that
+        stopped cleanly): consumers would pile up with every restart otherwise. Best
+        effort: Redis out of reach leaves it to another worker's sweep."""
+        try:
+            async with asyncio.timeout(LEAVE_TIMEOUT_S):
+                rows = await self.redis.xpending_range(
+                    self.stream, self.group, min="-", max="+", count=1, consumername=self.consumer
+                )
+                if not rows:
+                    await self.redis.xgroup_delconsumer(self.stream, self.group, self.consumer)
+        except (*REDIS_FAILED, TimeoutError) as exc:
+            log.info("consumer %s of %s not deleted: %s", self.consumer, self.stream, exc)
+
+    async def _sweep(self) -> None:
+        """Delete the group's consumers idle for `stale_consumer_ms` with nothing pending (of
+        workers that died or were cancelled), at most once per half of that."""
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._last_sweep < self.stale_consumer_ms / 2000:
+            return
+        self._last_sweep = loop.time()
+        try:
+            consumers: Any = await self.redis.xinfo_consumers(self.stream, self.group)
+            for consumer in consumers:
+                name = bytes(consumer["name"])
+                if (
+                    consumer["pending"] == 0
+                    and consumer["idle"] >= self.stale_consumer_ms
+                    and name != self.consumer.encode()
+                ):
+                    await self.redis.xgroup_delconsumer(self.stream, self.group, name)
+                    log.info("stale consumer %s of %s deleted", name.decode(), self.stream)
+        except REDIS_FAILED as exc:
+            log.info("stale consumers of %s not swept: %s", self.stream, exc)
 
     async def touch(self, entry_ids: list[bytes]) -> None:
         """Reset the idle time of entries this consumer is still working on (XCLAIM to
@@ -197,6 +269,9 @@ class JobStream:
         log.info("job %s on %s still runs here: kept", entry_id.decode(), self.stream)
 
     async def _dead_letter(self, entry_id: bytes, fields: Fields) -> None:
+        """Copy a job to the dead stream, tell its owner, acknowledge it. The owner refusing
+        for good (its `reply_to` a key of another type) does not keep it pending: it would
+        be dead-lettered again every round."""
         log.error(
             "job %s on %s exceeded %d deliveries: dead-lettered",
             entry_id.decode(),
@@ -210,7 +285,14 @@ class JobStream:
             approximate=True,
         )
         given_up = f"the job failed {self.settings.max_deliveries} times: given up"
-        await tell_failed(self.redis, self.settings, fields, "internal", given_up)
+        try:
+            await tell_failed(self.redis, self.settings, fields, "internal", given_up)
+        except REDIS_FAILED as exc:
+            if out_of_reach(exc):
+                raise
+            log.error(
+                "job %s on %s: its owner cannot be told: %s", entry_id.decode(), self.stream, exc
+            )
         await self.ack(entry_id)
 
 

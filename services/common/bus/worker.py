@@ -1,10 +1,15 @@
 """A Redis job worker: reads a job stream, runs jobs concurrently, acks them once done.
 
 At-least-once: a job is acknowledged only after its handler returned and its
-idempotency mark was set; a crash before that, or Redis out of reach, leaves it pending
-for XAUTOCLAIM. A handler that raises anything else (a job it cannot validate, an
-engine's error on this input, a bug) would raise it again on every retry: its job is
-answered `job.failed` and acknowledged at once.
+idempotency mark was set; a crash before that, or Redis out of reach (or refusing for a
+while: `out_of_reach`), leaves it pending for XAUTOCLAIM. A handler that raises anything
+else (a job it cannot validate, an engine's error on this input, a Redis refusal a retry
+would meet again such as WRONGTYPE on its `reply_to`, a bug) would raise it again on every
+retry: its job is answered `job.failed` and acknowledged at once (acknowledged even when
+the answer itself is refused).
+
+A worker drained to a clean stop deletes its consumer from the group (`JobStream.leave`)
+when nothing is pending on it; consumers of workers that died are swept by `reclaim`.
 
 Shutdown (`drain`): the worker stops taking jobs, lets those in flight finish for a
 while, and cancels the rest when its `run` is cancelled. A cancelled job is neither
@@ -23,7 +28,7 @@ from collections.abc import Awaitable, Callable
 from pydantic import ValidationError
 from redis.exceptions import ResponseError
 
-from services.common.bus.connection import REDIS_DOWN, REDIS_FAILED
+from services.common.bus.connection import REDIS_DOWN, REDIS_FAILED, out_of_reach
 from services.common.bus.keys import Keys
 from services.common.bus.streams import Delivery, JobStream, tell_failed
 from services.common.errors import InternalError
@@ -79,6 +84,7 @@ class JobWorker:
             self.stopped_reading.set()
             if self.in_flight:  # the heartbeat keeps them this worker's meanwhile
                 await asyncio.wait(self.in_flight)
+            await self.jobs.leave()
         finally:
             self.stopped_reading.set()
             heartbeat.cancel()
@@ -183,12 +189,13 @@ class JobWorker:
             await self.jobs.ack(delivery.entry_id)
         except asyncio.CancelledError:
             raise
-        except REDIS_FAILED:
-            # Left pending: XAUTOCLAIM retries it, and dead-letters it after max_deliveries.
-            log.exception("job %s on %s failed", job_id, self.jobs.stream)
         except Exception as exc:
             if _being_cancelled():
                 raise asyncio.CancelledError from exc
+            if out_of_reach(exc):
+                # Left pending: XAUTOCLAIM retries it, and dead-letters it after max_deliveries.
+                log.exception("job %s on %s failed: left pending", job_id, self.jobs.stream)
+                return
             log.exception("job %s on %s failed: answered as failed", job_id, self.jobs.stream)
             await self._fail(delivery, job_id, exc)
 
@@ -203,13 +210,30 @@ class JobWorker:
             code, message = internal.code, internal.message
         try:
             await tell_failed(self.jobs.redis, self.jobs.settings, delivery.fields, code, message)
+        except REDIS_FAILED as refused:
+            if out_of_reach(refused):  # left pending: a retry fails it again
+                log.warning(
+                    "job %s on %s: could not answer its failure: %s",
+                    job_id,
+                    self.jobs.stream,
+                    refused,
+                )
+                return
+            # refused for good (its reply_to names a key of another type): settled anyway,
+            # or the job would come back forever
+            log.error(
+                "job %s on %s: its failure cannot be told: %s", job_id, self.jobs.stream, refused
+            )
+        await self._settle(delivery, job_id)
+
+    async def _settle(self, delivery: Delivery, job_id: str | None) -> None:
+        """Mark a job done and acknowledge it, whatever its owner was told."""
+        try:
             if job_id is not None:
                 await self.jobs.mark_done(job_id, self.keys)
             await self.jobs.ack(delivery.entry_id)
-        except REDIS_FAILED as down:  # left pending: a retry fails it again
-            log.warning(
-                "job %s on %s: could not answer its failure: %s", job_id, self.jobs.stream, down
-            )
+        except REDIS_FAILED as exc:
+            log.warning("job %s on %s: left pending: %s", job_id, self.jobs.stream, exc)
 
     async def drain(self, timeout_s: float) -> None:
         """Shutdown: take no more jobs, and wait up to `timeout_s` for those in flight.
