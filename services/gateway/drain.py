@@ -11,6 +11,11 @@ A session is closed as soon as it is between turns (`turn_in_flight` says no twi
 row): a response still playing, an utterance that has finished and waits for its
 transcript or its answer, or a user still speaking, is let finish within the grace period.
 Whatever is still in a turn when the grace period ends is closed anyway.
+
+Sessions are closed concurrently, each saved first for at most `SAVE_WAIT_S`: a frozen or
+failing-over Redis costs a session its last save (a resume is best effort; the session has
+saved at each turn already), never its 1012, and the drain keeps to its budget
+(`stop_budget_s`).
 """
 
 from __future__ import annotations
@@ -36,11 +41,15 @@ POLL_S = 0.05
 """How often the drain looks for sessions that came to rest between turns."""
 CLOSE_WAIT_S = 5.0
 """After SIGTERM's drain has closed every session: how long their closes get to finish."""
+SAVE_WAIT_S = 2.0
+"""How long a session's save may hold back its close; then it is closed unsaved (logged).
+At most `CLOSE_WAIT_S`: the saves at the end of the grace period fit in the wait after it."""
 
 
 def stop_budget_s(drain_timeout_s: float) -> float:
     """The longest a gateway takes to stop after SIGTERM: the drain's grace period, the wait
-    for the closes, then uvicorn's own graceful shutdown (each `drain_timeout_s` at most).
+    for the closes (their saves included: `SAVE_WAIT_S` is less), then uvicorn's own graceful
+    shutdown (each `drain_timeout_s` at most).
     systemd's TimeoutStopSec and the chart's terminationGracePeriodSeconds cover it
     (tests/unit/test_systemd.py, test_kubernetes.py)."""
     return 2 * drain_timeout_s + CLOSE_WAIT_S
@@ -86,6 +95,7 @@ class Drainer(Generic[S]):
         state: ServiceState,
         busy: Callable[[S], bool] = lambda _: False,
         save: Callable[[S], Awaitable[None]] | None = None,
+        save_wait_s: float = SAVE_WAIT_S,
     ) -> None:
         self.sessions = sessions
         self.state = state
@@ -93,6 +103,8 @@ class Drainer(Generic[S]):
         """Whether a session is in the middle of a turn (it is let finish)."""
         self.save = save
         """Saves a session before it is closed, so its client resumes it as it is."""
+        self.save_wait_s = save_wait_s
+        """How long a save may hold back its session's close."""
         self.idle = asyncio.Event()
         self.idle.set()
         self._running: asyncio.Task[DrainReport] | None = None
@@ -107,7 +119,8 @@ class Drainer(Generic[S]):
             self.idle.set()
 
     async def drain(self, grace_s: float, wait_s: float) -> DrainReport:
-        """Drain (or join the drain under way) and report."""
+        """Drain (or join the drain under way) and report: in `grace_s` plus the longer of
+        `wait_s` and `save_wait_s` at most."""
         if self._running is None or self._running.done():
             self._running = asyncio.create_task(self._drain(grace_s, wait_s), name="drain")
         return await asyncio.shield(self._running)
@@ -116,12 +129,15 @@ class Drainer(Generic[S]):
         self.state.draining = True  # /ready answers 503 and new sessions are refused
         at_start = len(self.sessions)
         log.info("draining: %d session(s), grace %.0f s", at_start, grace_s)
+        loop = asyncio.get_running_loop()
         closed: set[str] = set()
-        await self._between_turns(grace_s, closed)
-        mid_turn = [sid for sid in list(self.sessions) if sid not in closed]
-        for session_id in mid_turn:
-            await self._close(session_id, closed)
-        await self._until_idle(wait_s)
+        async with asyncio.TaskGroup() as closing:
+            await self._between_turns(grace_s, closed, closing)
+            grace_over = loop.time()
+            mid_turn = [sid for sid in list(self.sessions) if sid not in closed]
+            for session_id in mid_turn:
+                self._close(session_id, closed, closing)
+        await self._until_idle(max(grace_over + wait_s - loop.time(), 0.0))
         report = DrainReport(
             sessions_at_start=at_start,
             ended_in_grace=max(at_start - len(closed), 0),
@@ -132,7 +148,9 @@ class Drainer(Generic[S]):
         log.info("drained: %s", report.model_dump())
         return report
 
-    async def _between_turns(self, grace_s: float, closed: set[str]) -> None:
+    async def _between_turns(
+        self, grace_s: float, closed: set[str], closing: asyncio.TaskGroup
+    ) -> None:
         """Close each session once it rests between turns, until none is left or the grace
         period ends."""
         loop = asyncio.get_running_loop()
@@ -145,19 +163,41 @@ class Drainer(Generic[S]):
                 if self.busy(session):
                     resting.discard(session_id)
                 elif session_id in resting:
-                    await self._close(session_id, closed)
+                    self._close(session_id, closed, closing)
                 else:
                     resting.add(session_id)
             await self._until_idle(min(POLL_S, max(deadline - loop.time(), 0.0)))
 
-    async def _close(self, session_id: str, closed: set[str]) -> None:
+    def _close(self, session_id: str, closed: set[str], closing: asyncio.TaskGroup) -> None:
+        """Start saving and closing a session, beside the others'."""
         session = self.sessions.get(session_id)
         if session is None:
             return
         closed.add(session_id)
-        if self.save is not None:
-            await self.save(session)
-        await session.channel.close(CLOSE_SERVICE_RESTART, CLOSE_REASON)
+        closing.create_task(self._save_and_close(session_id, session), name="drain-close")
+
+    async def _save_and_close(self, session_id: str, session: S) -> None:
+        await self._save(session_id, session)
+        try:
+            await session.channel.close(CLOSE_SERVICE_RESTART, CLOSE_REASON)
+        except Exception:  # the other sessions' closes go on
+            log.exception("session %s: its close with 1012 failed", session_id)
+
+    async def _save(self, session_id: str, session: S) -> None:
+        """Save, waiting `save_wait_s` at most: a resume is best effort, the 1012 is not."""
+        if self.save is None:
+            return
+        try:
+            async with asyncio.timeout(self.save_wait_s):
+                await self.save(session)
+        except TimeoutError:
+            log.warning(
+                "session %s: save given up after %.1f s (Redis not answering): closed unsaved",
+                session_id,
+                self.save_wait_s,
+            )
+        except Exception:
+            log.exception("session %s could not be saved: closed unsaved", session_id)
 
     async def _until_idle(self, timeout_s: float) -> None:
         with contextlib.suppress(TimeoutError):

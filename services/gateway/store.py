@@ -8,16 +8,24 @@ One writer at a time: a record names the gateway process whose session writes it
 network changed may reconnect through another gateway while the first still holds its
 old socket: that one's later saves (its final one when the dead socket is found) would
 otherwise put back the history as it was before the new connection's turns.
+
+A record expires `ttl_s` after its session closed, not after its last save: while the
+session is open, its gateway process pushes the expiry back (`keep_alive`, one task per
+process, every third of the TTL). A process killed outright stops doing so, and its
+sessions' records expire a TTL later, as after a close.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import uuid
+from collections.abc import Collection
 from typing import Final
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import to_json
 from redis.asyncio import Redis
 
 from services.common.bus.connection import REDIS_FAILED
@@ -56,6 +64,14 @@ redis.call('SET', KEYS[1], claimed, 'KEEPTTL')
 return claimed
 """
 """Make this process the record's owner; the record as it now is (nil: none)."""
+
+
+REFRESH: Final = """
+if redis.call('GETRANGE', KEYS[1], 0, #ARGV[1] - 1) ~= ARGV[1] then return 0 end
+return redis.call('EXPIRE', KEYS[1], ARGV[2])
+"""
+"""Push back the record's expiry if this process owns it (ARGV[1]: the record's head with
+this owner): 1 when done. A record gone stays gone; one claimed elsewhere is left alone."""
 
 
 class StoredSession(BaseModel):
@@ -138,6 +154,31 @@ class SessionStore:
             log.warning("could not claim session %s: %s", session_id, exc)
             return loaded
         return self._read(session_id, raw, tenant)
+
+    async def refresh(self, session_ids: Collection[str]) -> int:
+        """Make the records of these sessions (open here) expire `ttl_s` from now, in one
+        round trip; those that another process has claimed, or that are gone, are left as
+        they are. How many were refreshed (0 when Redis is out of reach: logged)."""
+        if not session_ids:
+            return 0
+        head = '{"owner":' + to_json(self.owner).decode()  # as StoredSession writes it
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for session_id in session_ids:
+                    pipe.execute_command("EVAL", REFRESH, 1, self.key(session_id), head, self.ttl_s)
+                replies = await pipe.execute()
+        except REDIS_FAILED as exc:
+            log.warning("could not refresh %d session(s): %s", len(session_ids), exc)
+            return 0
+        return sum(1 for reply in replies if reply == 1)
+
+    async def keep_alive(self, live: Collection[str], every_s: float | None = None) -> None:
+        """Until cancelled, `refresh` the sessions `live` holds (the ids of those open in this
+        process, read at each round) every `every_s` (default: a third of the TTL)."""
+        every_s = self.ttl_s / 3 if every_s is None else every_s
+        while True:
+            await asyncio.sleep(every_s)
+            await self.refresh(list(live))
 
     @staticmethod
     def _read(
