@@ -51,9 +51,19 @@ class Heard:
 class TwilioCall:
     """One call to `/v1/twilio` (`async with`), Twilio's side of it."""
 
-    def __init__(self, url: str, parameters: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        parameters: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+        source: str | None = None,
+    ) -> None:
         self.url = url
         self.parameters = parameters or {}
+        self.headers = headers or {}
+        """Sent with the upgrade, as Twilio sends its `X-Twilio-Signature`."""
+        self.source = source
+        """The local address to call from (any 127.x.y.z is loopback on Linux)."""
         self.stream_sid = "MZ" + "2" * 32
         self.heard = Heard()
         self.speech_ended_at: float | None = None
@@ -69,7 +79,10 @@ class TwilioCall:
         self.ws: ClientConnection | None = None
 
     async def __aenter__(self) -> TwilioCall:
-        self.ws = await websockets.connect(self.url, open_timeout=10)
+        local = {"local_addr": (self.source, 0)} if self.source else {}
+        self.ws = await websockets.connect(
+            self.url, open_timeout=10, additional_headers=self.headers, **local
+        )
         await self._send({"event": "connected", "protocol": "Call", "version": "1.0.0"})
         start = {
             "accountSid": ACCOUNT,

@@ -1,11 +1,14 @@
 """Secrets never reach a log line: a filter on the loggers that quote requests.
 
 uvicorn logs each WebSocket handshake with its path and query string, so a client token
-sent as `?access_token=` would land in the log; the filter replaces API keys, client
-tokens (JWTs) and `access_token` values with `[redacted]` in every record of those loggers
-and of the root logger. It also drops uvicorn's "returned without completing handshake"
-error, which uvicorn logs after every refused upgrade (an ASGI denial response): anyone
-could otherwise fill the error log just by failing authentication.
+sent as `?access_token=` would land in the log; the filter replaces the whole query string
+of every request line (`"WebSocket /v1/stream?..."`, `"GET /x?..."`) with `[redacted]`,
+and API keys, client tokens (JWTs) and `access_token` values anywhere else, also when
+percent-encoded (`access%5Ftoken=`, `%2E` for a JWT's dots: the services decode the query
+before they read it), in every record of those loggers and of the root logger. It also
+drops uvicorn's "returned without completing handshake" error, which uvicorn logs after
+every refused upgrade (an ASGI denial response): anyone could otherwise fill the error log
+just by failing authentication.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import logging
 import re
 from typing import Final
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 SECRET_PATTERNS: Final = (
     re.compile(r"va_[0-9a-f]{12}_[A-Za-z0-9_-]{20,}"),
@@ -22,6 +25,13 @@ SECRET_PATTERNS: Final = (
     re.compile(r"(?<=voice-agent\.token\.)[^,\s\"']+"),
     re.compile(r"(?i)(?<=bearer )[^\s\"']+"),
 )
+REQUEST_QUERY: Final = re.compile(
+    r"\b((?:WebSocket|GET|HEAD|POST|PUT|PATCH|DELETE|OPTIONS|CONNECT|TRACE) [^\s?\"']*)"
+    r"\?[^\s\"']*"
+)
+"""A request line's path and query (as uvicorn quotes it): the query goes, whatever it holds."""
+DECODE_ROUNDS: Final = 3
+"""How many layers of percent-encoding are undone to find a credential hidden in one."""
 _DENIAL_NOISE: Final = "ASGI callable returned without completing handshake."
 LOGGERS: Final = ("", "uvicorn", "uvicorn.error", "uvicorn.access", "websockets")
 
@@ -49,11 +59,27 @@ def redact_urls(text: str) -> str:
     return URL.sub(lambda m: redact_url(m.group()), text)
 
 
-def redact(text: str) -> str:
-    """`text` with every credential-shaped part replaced."""
+def _redact_plain(text: str) -> str:
+    text = REQUEST_QUERY.sub(r"\1?[redacted]", text)
     for pattern in SECRET_PATTERNS:
         text = pattern.sub("[redacted]", text)
     return text
+
+
+def redact(text: str) -> str:
+    """`text` with every request line's query string and every credential-shaped part
+    replaced; a credential found only once percent-decoded is replaced in the decoded text
+    (which is then what is kept)."""
+    cleaned = _redact_plain(text)
+    decoded, hidden = cleaned, False
+    for _ in range(DECODE_ROUNDS):
+        if "%" not in decoded:
+            break
+        decoded = unquote(decoded)
+        found = _redact_plain(decoded)
+        hidden = hidden or found != decoded
+        decoded = found
+    return decoded if hidden else cleaned
 
 
 class RedactSecrets(logging.Filter):

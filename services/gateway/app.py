@@ -16,7 +16,8 @@ from fastapi.responses import JSONResponse
 from services.common import metrics as common_metrics
 from services.common.audio.listener import HearingBatcher, Listener
 from services.common.audio.vad import SileroVad
-from services.common.auth.credentials import app_subprotocol, is_loopback
+from services.common.auth.browser import local_caller
+from services.common.auth.credentials import app_subprotocol
 from services.common.auth.guard import late_admission, meter_of, principal_of, refuse_handshake
 from services.common.auth.relay import relay_headers
 from services.common.auth.tokens_api import install_auth
@@ -28,7 +29,7 @@ from services.common.protocol.events import SessionConfig, SessionCreated
 from services.common.service.lifecycle import Background
 from services.common.service.routes import ServiceState, install_ops
 from services.common.service.ws import Channel, failing_typed
-from services.gateway import metrics, tools
+from services.gateway import metrics, tools, twilio_events
 from services.gateway.admission import Admission
 from services.gateway.agent import AGENTS, Agent, AgentContext, Turn, can_prepare, load_agents
 from services.gateway.bus import GatewayBus
@@ -44,7 +45,7 @@ from services.gateway.settings import GatewaySettings
 from services.gateway.static import static_router
 from services.gateway.store import SessionStore
 from services.gateway.turn_end import EndOfTurn, create_policy, listening
-from services.gateway.twilio import TWILIO_SESSION, TwilioCodec, wait_for_start
+from services.gateway.twilio import TWILIO_SESSION, TwilioCodec, WaitingRoom, wait_for_start
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +132,9 @@ def create_app(
     admitted: set[WebSocket] = set()
     """Connections admitted and not yet ended, what `max_sessions` counts: a phone call
     waiting for its stream's start has no session yet, but holds its place."""
-    unverified: set[WebSocket] = set()
+    unverified = WaitingRoom(
+        section.twilio.max_unverified, section.twilio.max_unverified_per_address
+    )
     """Phone streams whose credential is still to come (in their `start`): no seat yet."""
     store = SessionStore(
         redis,
@@ -185,7 +188,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        vad_holder["vad"] = await asyncio.to_thread(SileroVad)
+        vad_holder["vad"] = await asyncio.to_thread(SileroVad, settings.vad.model_path)
         await asyncio.to_thread(end_of_turn.load)
         if section.batch_vad:
             hearing["batcher"] = HearingBatcher(vad_holder["vad"])
@@ -193,7 +196,8 @@ def create_app(
             await bus.reset()
         except Exception as exc:
             log.warning("redis unreachable at start-up (%s): will keep trying", exc)
-        background.start(bus.route_results(deliver), "gateway-results")
+        background.start(lambda: bus.route_results(deliver), "gateway-results")
+        background.start(lambda: store.keep_alive(sessions), "session-keep-alive")
         await chosen.settle(section.default_agent, llm, agents)
         state.model_loaded = True
         log.info("gateway %s ready", gateway_id)
@@ -218,21 +222,27 @@ def create_app(
         wait_s: float = Query(10.0, ge=0, le=600, description="wait after closing with 1012"),
     ) -> JSONResponse:
         """Drain this gateway (docs/kubernetes.md): loopback callers only."""
-        if not request.client or not is_loopback(request.client.host):
+        if not local_caller(request.scope):
             refused = Forbidden("drain is for local callers only")
             return JSONResponse(refused.body(), refused.http_status)
         report = await drainer.drain(grace_s, wait_s)
         return JSONResponse(report.model_dump(), 200 if report.remaining == 0 else 504)
 
     async def admit(
-        ws: WebSocket, codec: Codec, session_id: str | None, verified: bool = True
+        ws: WebSocket,
+        codec: Codec,
+        session_id: str | None,
+        verified: bool = True,
+        signed: bool = False,
     ) -> tuple[SessionChannel, Restored] | None:
         """The one handshake and admission of every session endpoint (`/v1/stream`,
         `/v1/realtime`, `/v1/twilio`). The auth guard has checked the credential before
-        this runs, unless not `verified` (a phone stream's comes in its `start`: it takes no
+        this runs, unless not `verified` (a phone stream's comes in its `start`: it waits in
+        `unverified`, a few per address unless Twilio `signed` its upgrade, and takes no
         seat until `seat` says it passed); a session id of another tenant is refused here,
         before the accept. None when the client was refused (already told and closed)."""
         principal = principal_of(ws)
+        peer = ws.client.host if ws.client else None
         try:
             restored = await store.load(session_id, principal.tenant) if session_id else None
         except Forbidden as exc:  # another tenant's id: no session, not even an accept
@@ -248,20 +258,23 @@ def create_app(
                 raise CapacityError("gateway draining; retry after 1 s")
             if verified:
                 admission.admit(len(admitted))
-            elif len(unverified) >= section.twilio.max_unverified:
-                metrics.SESSIONS_REFUSED.labels("unverified").inc()
+            elif (reason := unverified.refusal(peer, signed)) is not None:
+                metrics.SESSIONS_REFUSED.labels(reason).inc()
                 raise CapacityError("too many phone streams waiting for their start; retry")
         except CapacityError as exc:
             await channel.fail(exc)
             return None
         # counted from here: a phone call's start, a handshake may take a while
-        (admitted if verified else unverified).add(ws)
+        if verified:
+            admitted.add(ws)
+        else:
+            unverified.enter(ws, peer, signed)
         return channel, restored
 
     async def seat(ws: WebSocket, channel: SessionChannel) -> bool:
         """A stream admitted unverified whose credential has now passed takes its seat
         (False: refused for capacity, told and closed)."""
-        unverified.discard(ws)
+        unverified.leave(ws)
         try:
             admission.admit(len(admitted))
         except CapacityError as exc:
@@ -405,14 +418,33 @@ def create_app(
             finally:
                 admitted.discard(ws)
 
+    def signed_by_twilio(ws: WebSocket) -> bool | None:
+        """Whether a `/v1/twilio` upgrade carries Twilio's signature of the configured
+        `public_url` (never the Host or X-Forwarded-* headers: a proxy changes those), None
+        when no Twilio auth token is configured."""
+        token, url = section.twilio.auth_token, section.twilio.public_url
+        if token is None or url is None:
+            return None
+        query = ws.scope.get("query_string", b"").decode("latin-1")
+        requested = f"{url}?{query}" if query else url
+        given = ws.headers.get(twilio_events.SIGNATURE_HEADER)
+        return twilio_events.signed_by_twilio(token.get_secret_value(), requested, given)
+
     @app.websocket("/v1/twilio")
     async def twilio(ws: WebSocket) -> None:
         """A phone call: Twilio Media Streams (`<Connect><Stream url=".../v1/twilio">`). The
-        credential, when authentication is on, comes in the stream's `start` (a custom
-        parameter): no session before it is checked."""
+        upgrade must carry Twilio's signature when its auth token is configured (HTTP 403,
+        no accept, otherwise); the credential, when authentication is on, comes in the
+        stream's `start` (a custom parameter): no session before it is checked."""
+        signed = signed_by_twilio(ws)
+        if signed is False:
+            refused = Forbidden("this upgrade does not carry Twilio's signature")
+            common_metrics.AUTH_REFUSED.labels("gateway", refused.code).inc()
+            await refuse_handshake(ws, refused)
+            return
         codec = TwilioCodec()
         late = late_admission(ws)  # None: checked at the upgrade (or authentication is off)
-        opened = await admit(ws, codec, None, verified=late is None)
+        opened = await admit(ws, codec, None, verified=late is None, signed=bool(signed))
         if opened is None:
             return
         channel, restored = opened
@@ -430,7 +462,7 @@ def create_app(
             await channel.fail(exc)
         finally:
             admitted.discard(ws)
-            unverified.discard(ws)
+            unverified.leave(ws)
 
     @app.get("/v1/agents")
     async def list_agents() -> dict[str, Any]:

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
@@ -26,13 +26,38 @@ class TwilioSettings(BaseModel):
     token_parameter: str = Field(default="token", pattern=r"^[A-Za-z0-9_-]{1,64}$")
     """The `<Parameter>` of the `<Stream>` (Twilio's `customParameters`) that carries the
     client token or API key when authentication is on (Twilio sends no headers)."""
-    start_timeout_s: float = Field(default=10.0, ge=0.5, le=120)
-    """A stream that has not sent `start` after this long is closed."""
+    auth_token: SecretStr | None = Field(default=None, min_length=1)
+    """The Twilio auth token of the account that owns the number: set, every upgrade of
+    `/v1/twilio` must carry Twilio's `X-Twilio-Signature` of `public_url`, or it is refused
+    with HTTP 403 before any socket is accepted. Recommended wherever the gateway can be
+    reached from the internet."""
+    public_url: str | None = Field(
+        default=None, pattern=r"^wss://[^\s/?#@]+/[^\s?#]*$", max_length=2048
+    )
+    """The address Twilio connects to, as the `<Stream url>` of your TwiML writes it
+    (`wss://voice.example.com/v1/twilio`): what Twilio signs. Needed with `auth_token`; never
+    taken from the request's Host or X-Forwarded-* headers."""
+    start_timeout_s: float = Field(default=5.0, ge=0.5, le=120)
+    """A stream that has not sent `start` after this long is closed (Twilio sends it right
+    after the upgrade)."""
     max_unverified: int = Field(default=16, ge=1, le=10_000)
     """Streams whose credential comes in their `start` (authentication on, none at the
     upgrade), not yet started: at most this many at once, and none of them holds a seat of
     `VA_GATEWAY__MAX_SESSIONS` until its credential has passed (an anonymous socket must
     not take a caller's place)."""
+    max_unverified_per_address: int = Field(default=2, ge=1, le=10_000)
+    """Of those, at most this many from one peer address (an IPv6 address's /64), as the
+    server sees it, unless the upgrade carries Twilio's signature (`auth_token`): one host
+    cannot fill `max_unverified`."""
+
+    @model_validator(mode="after")
+    def _signed_against_a_url(self) -> TwilioSettings:
+        if self.auth_token is not None and self.public_url is None:
+            raise ValueError(
+                "VA_GATEWAY__TWILIO__AUTH_TOKEN needs VA_GATEWAY__TWILIO__PUBLIC_URL: the "
+                "wss:// address of your TwiML's <Stream url>, which Twilio signs"
+            )
+        return self
 
 
 class GatewaySection(BaseModel):

@@ -7,7 +7,11 @@ followed by a mark named after its reply and the bytes sent so far, so when the 
 barges in, the reply keeps what the last mark back says was heard (`confirms_playout`).
 Outbound, audio becomes `media` + `mark`, a cleared reply `clear`; the Session's other
 events have no Twilio message and are dropped. A message Twilio should not have sent costs
-a log line and a count, never the call. See docs/telephony.md.
+a log line and a count, never the call.
+
+Before its `start`, a stream whose credential is still to come waits in the `WaitingRoom`:
+a few at once, fewer still from one address unless Twilio signed the upgrade, so anonymous
+sockets cannot crowd out callers. See docs/telephony.md.
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import ipaddress
 import logging
+from collections import Counter
 
 from services.common.errors import VoiceAgentError
 from services.common.protocol.events import (
@@ -188,3 +194,54 @@ async def wait_for_start(channel: SessionChannel, codec: TwilioCodec, timeout_s:
         log.warning("twilio stream sent no start in %.1f s: closed", timeout_s)
         return False
     return True
+
+
+def peer_key(host: str | None) -> str:
+    """The address a stream's waiting is counted under: the peer's IPv4 address, or its
+    IPv6 address's /64 (one host is given a whole /64 to pick addresses from)."""
+    try:
+        address = ipaddress.ip_address(host or "")
+    except ValueError:
+        return host or "unknown"
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(address)
+
+
+class WaitingRoom:
+    """Phone streams accepted before their credential (it comes in `start`): at most
+    `limit` at once, and at most `per_address` from one `peer_key` unless the upgrade
+    carried Twilio's signature (Twilio's media servers are a few addresses for all calls)."""
+
+    def __init__(self, limit: int, per_address: int) -> None:
+        self.limit = limit
+        self.per_address = per_address
+        self._waiting: dict[object, str | None] = {}  # stream → its peer key (None: signed)
+        self._by_address: Counter[str] = Counter()
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def refusal(self, host: str | None, signed: bool) -> str | None:
+        """Why a stream from `host` may not wait now (a metrics reason), or None."""
+        if len(self._waiting) >= self.limit:
+            return "unverified"
+        if not signed and self._by_address[peer_key(host)] >= self.per_address:
+            return "unverified_address"
+        return None
+
+    def enter(self, stream: object, host: str | None, signed: bool) -> None:
+        key = None if signed else peer_key(host)
+        self._waiting[stream] = key
+        if key is not None:
+            self._by_address[key] += 1
+
+    def leave(self, stream: object) -> None:
+        """The stream has its seat, or has gone (a stream not waiting is ignored)."""
+        key = self._waiting.pop(stream, None)
+        if key is not None:
+            self._by_address[key] -= 1
+            if not self._by_address[key]:
+                del self._by_address[key]

@@ -3,13 +3,18 @@
 Twilio sends `connected`, `start`, `media` (base64 mu-law at 8 kHz), `mark` (one the server
 sent, back once the audio before it has played, or was cleared), `dtmf` and `stop`; the
 server sends `media`, `mark` and `clear`. Only what the gateway acts on is modelled;
-unknown fields are ignored. See docs/telephony.md.
+unknown fields are ignored. Before all that, Twilio signs the WebSocket upgrade
+(`X-Twilio-Signature`, `signed_by_twilio`). See docs/telephony.md.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import json
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -109,3 +114,41 @@ def mark(stream_sid: str, name: str) -> str:
 def clear(stream_sid: str) -> str:
     """Drop the audio Twilio still holds for the caller (barge-in)."""
     return json.dumps({"event": "clear", "streamSid": stream_sid})
+
+
+SIGNATURE_HEADER = "x-twilio-signature"
+_DEFAULT_PORTS = {"wss": 443, "https": 443, "ws": 80, "http": 80}
+
+
+def signature(auth_token: str, url: str) -> str:
+    """Twilio's `X-Twilio-Signature` of a request with no form fields (a WebSocket upgrade
+    is a GET): base64 of HMAC-SHA1 over the full URL, keyed with the account's auth token."""
+    digest = hmac.new(auth_token.encode(), url.encode(), hashlib.sha1).digest()
+    return base64.b64encode(digest).decode("ascii")
+
+
+def signed_urls(url: str) -> list[str]:
+    """The forms of `url` Twilio may have signed: as written, and with and without the
+    scheme's default port (its helper libraries accept both: Twilio has signed either)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:  # an IPv6 literal
+        host = f"[{host}]"
+    port = parts.port or _DEFAULT_PORTS.get(parts.scheme)
+    forms = [url, parts._replace(netloc=host).geturl()]
+    if port is not None:
+        forms.append(parts._replace(netloc=f"{host}:{port}").geturl())
+    return list(dict.fromkeys(forms))
+
+
+def signed_by_twilio(auth_token: str, url: str, given: str | None) -> bool:
+    """Whether `given` (the upgrade's `X-Twilio-Signature`) is Twilio's signature of `url`,
+    compared in constant time. A missing or empty one never is."""
+    if not given:
+        return False
+    received = given.strip().encode("latin-1", "replace")
+    matches = [
+        hmac.compare_digest(signature(auth_token, form).encode("ascii"), received)
+        for form in signed_urls(url)
+    ]
+    return any(matches)

@@ -16,7 +16,7 @@ from services.common.bus.streams import JobStream, consumed_shards, unique_consu
 from services.common.bus.worker import JobWorker
 from services.common.platform.devices import cuda_index
 from services.common.platform.threads import limit_blas_threads
-from services.common.service.body_limit import BodyLimit
+from services.common.service.body_limit import BodyLimit, json_body_limit
 from services.common.service.lifecycle import Background
 from services.common.service.routes import ServiceState, install_ops
 from services.tts.consumer import TtsJobHandler
@@ -94,6 +94,8 @@ def create_app(settings: TtsSettings, engine: TtsEngine | None = None) -> FastAP
     app.include_router(router(synthesizer, section.max_input_chars))
     app.include_router(voices_router(synthesizer, library))
     app.add_middleware(BodyLimit, limits={"/v1/voices": section.voices.max_upload_bytes})
+    speech = {"/v1/audio/speech": json_body_limit(section.max_input_chars)}
+    app.add_middleware(BodyLimit, limits=speech, margin=0, what="the request body")
 
     @app.websocket("/v1/stream/tts")
     async def tts_stream(ws: WebSocket) -> None:

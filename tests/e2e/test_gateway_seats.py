@@ -164,6 +164,9 @@ async def test_an_anonymous_phone_stream_takes_no_seat_until_its_start_passes(
         url = f"{gateway.ws}/v1/stream"
         async with websockets.connect(url, additional_headers=keyed) as ws:
             assert (await _first(ws))["type"] == "session.created"  # the seat was free
+        async with asyncio.timeout(10):  # that session's seat is given back as it ends
+            while await _admitted(gateway.http, keyed) > 0:
+                await asyncio.sleep(0.02)
         # a stream whose start carries the key takes the seat
         start = {**START, "start": {**START["start"], "customParameters": {"token": key}}}  # type: ignore[dict-item]
         await calls[0].send(json.dumps(start))

@@ -64,6 +64,17 @@ def test_credential_forms() -> None:
         credential(scope("websocket", query=b"access_token="))
 
 
+def test_an_api_key_is_refused_in_the_query_string() -> None:
+    """URLs end up in logs: only a client token may ride in ?access_token=, never a key,
+    however it is encoded."""
+    key = "va_0123456789ab_" + "A" * 43
+    for query in (f"access_token={key}", "access%5Ftoken=" + key.replace("_", "%5F")):
+        with pytest.raises(Unauthorized, match="may not travel in the URL"):
+            credential(scope("websocket", query=query.encode()))
+    bearer = [(b"authorization", f"Bearer {key}".encode())]
+    assert credential(scope("websocket", headers=bearer)) == key
+
+
 def test_the_accepted_subprotocol_is_never_the_token() -> None:
     assert app_subprotocol([APP_SUBPROTOCOL, TOKEN_SUBPROTOCOL + "t"]) == APP_SUBPROTOCOL
     assert app_subprotocol([TOKEN_SUBPROTOCOL + "t"]) is None
@@ -167,8 +178,27 @@ def test_redaction() -> None:
         f"GET /v1/stream?session_id=s&access_token={token} Bearer {key} voice-agent.token.{token}"
     )
     cleaned = redact(line)
-    assert token not in cleaned and key not in cleaned and "session_id=s" in cleaned
+    assert token not in cleaned and key not in cleaned
+    assert cleaned.startswith("GET /v1/stream?[redacted] ")  # a request line's whole query
     assert redact("nothing secret here") == "nothing secret here"
+
+
+def test_redaction_sees_through_percent_encoding() -> None:
+    """What the services decode (parse_qsl) the filter must too: `access%5Ftoken=`, `%2E`
+    for a JWT's dots, `%5F` in a key, in a request line or anywhere else."""
+    token = sign_token(SECRET, "acme", "k1", 60, {})[0]
+    key = "va_0123456789ab_" + "A" * 43
+    hidden = [
+        "access%5Ftoken=" + token.replace(".", "%2E"),
+        "access%5Ftoken=" + key.replace("_", "%5F"),
+        "access%255Ftoken=" + key.replace("_", "%255F"),  # encoded twice
+    ]
+    for query in hidden:
+        line = f'127.0.0.1:5 - "WebSocket /v1/stream?{query}" [accepted]'
+        assert redact(line) == '127.0.0.1:5 - "WebSocket /v1/stream?[redacted]" [accepted]'
+        cleaned = redact(f"a client sent {query} somehow")
+        assert token.split(".")[2] not in cleaned and key[16:] not in cleaned, cleaned
+    assert redact("100% of %41 stays") == "100% of %41 stays"
 
 
 @pytest.fixture

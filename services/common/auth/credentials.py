@@ -5,7 +5,9 @@ An API key (`va_<id>_<secret>`) is for servers; Redis keeps only the SHA-256 of 
 names the tenant and the key, expires (60 s by default, 2 h at most) and may carry session
 settings. Both travel as `Authorization: Bearer ...`; a browser, which cannot set headers
 on a WebSocket, offers the token as the subprotocol `voice-agent.token.<token>` next to
-`voice-agent.v1` (or, for clients that can do neither, `?access_token=`).
+`voice-agent.v1` (or, for clients that can do neither, `?access_token=`). An API key is
+refused in the query string: a URL ends up in logs (the services redact theirs, a proxy's
+error log may not), and a key, unlike a token, is good until revoked.
 
 A relay token is a client token with a `relay` claim, signed by a service for the service
 behind it (the gateway for the duplex service): it names the caller's tenant and key, and
@@ -36,6 +38,7 @@ TOKEN_SUBPROTOCOL: Final = "voice-agent.token."  # noqa: S105 (a prefix, no secr
 TOKEN_SUBPROTOCOLS: Final = (TOKEN_SUBPROTOCOL, "openai-insecure-api-key.")
 """Ours, and OpenAI's browser convention for /v1/realtime."""
 TOKEN_QUERY: Final = "access_token"  # noqa: S105 (a parameter name)
+KEY_PREFIX: Final = "va_"
 _KEY: Final = re.compile(r"^va_([0-9a-f]{12})_([A-Za-z0-9_-]{43})$")
 _ISSUER: Final = "voice-agent"
 MAX_CREDENTIAL_CHARS: Final = 8192
@@ -165,6 +168,11 @@ def _query_token(scope: Mapping[str, Any]) -> str | None:
     query = bytes(scope.get("query_string") or b"").decode("latin-1")
     for name, value in parse_qsl(query, keep_blank_values=True):
         if name == TOKEN_QUERY:
+            if value.startswith(KEY_PREFIX):
+                raise Unauthorized(
+                    "an API key may not travel in the URL (URLs end up in logs): send it as "
+                    "`Authorization: Bearer`; ?access_token= takes a client token only"
+                )
             return value
     return None
 

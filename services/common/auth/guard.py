@@ -1,11 +1,16 @@
-"""The door of every service: an ASGI middleware that checks the Origin, the credential and
-the tenant's limits of each HTTP request and WebSocket handshake before the app sees it.
+"""The door of every service: an ASGI middleware that checks the Origin (and Host), the
+credential and the tenant's limits of each HTTP request and WebSocket handshake before the
+app sees it.
 
 A refused WebSocket never gets past its handshake: the middleware answers the upgrade with
 an HTTP error (401, 403 or 429, JSON body, Retry-After) instead of accepting it, so no
 session exists and no job is queued. Only /health and /ready (and /metrics unless
 `protect_ops`) are open. Authentication off (`required: false`) skips the credential and
-the limits but never the Origin check.
+the limits but never the browser checks (browser.py: Origin, Host, local callers).
+
+A client token may do what its key may but mint tokens and change the voice library
+(POST/DELETE /v1/voices: 403). An open WebSocket's key is checked again at each renewal of
+its session lease (`lease_renew_s`); once revoked, the connection is ended (cutoff.py).
 """
 
 from __future__ import annotations
@@ -17,7 +22,6 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Final
-from urllib.parse import urlsplit
 
 from fastapi.responses import JSONResponse
 from redis.asyncio import Redis
@@ -26,8 +30,15 @@ from starlette.websockets import WebSocket
 
 from services.common import metrics
 from services.common.auth.api_keys import KeyStore
-from services.common.auth.credentials import ANONYMOUS, Principal, credential, is_loopback
-from services.common.auth.limits import LEASE_S, NO_METER, AudioMeter, Limiter
+from services.common.auth.browser import (
+    changes_state,
+    host_allowed,
+    local_caller,
+    origin_allowed,
+)
+from services.common.auth.credentials import ANONYMOUS, Principal, credential
+from services.common.auth.cutoff import NATIVE_PATHS, Cutoff
+from services.common.auth.limits import NO_METER, AudioMeter, Limiter
 from services.common.auth.settings import AuthSettings
 from services.common.bus.connection import REDIS_DOWN, REDIS_FAILED
 from services.common.errors import Forbidden, Unauthorized, VoiceAgentError
@@ -41,10 +52,15 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 OPEN_PATHS: Final = frozenset({"/health", "/ready"})
 LOCAL_PATHS: Final = frozenset({"/admin/drain"})
+"""Open to callers on this host only (the Kubernetes preStop hook), refused to all others
+whether authentication is on or off (browser.local_caller); the route checks too."""
 PAGE_PATHS: Final = frozenset({"/", "/favicon.ico"})
 PAGE_PREFIX: Final = "/static/"
 """The gateway's browser page (static files): it asks for its token, so it loads without."""
-"""Open to callers on this host only (the Kubernetes preStop hook); the route checks too."""
+KEY_ONLY_PREFIX: Final = "/v1/voices"
+"""Changing the voice library (POST /v1/voices, DELETE /v1/voices/<id>) needs an API key: a
+client token, which a browser holds, may use the tenant's voices but not add or delete."""
+CUTOFF: Final = "va.cutoff"
 PRINCIPAL: Final = "va.principal"
 METER: Final = "va.meter"
 BRIEF_HEALTH: Final = "va.brief_health"
@@ -99,19 +115,11 @@ async def refuse_handshake(ws: WebSocket, exc: VoiceAgentError) -> None:
     await ws.send_denial_response(error_response(exc))
 
 
-def origin_allowed(scope: Scope, allowed: list[str]) -> bool:
-    """No Origin (not a browser), the page's own host, or one of `allowed` (`*`: any)."""
-    headers = {
-        k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())
-    }
-    origin = headers.get("origin")
-    if origin is None or "*" in allowed:
-        return True
-    origin = origin.strip().rstrip("/").lower()
-    if origin in {a.rstrip("/").lower() for a in allowed}:
-        return True
-    host = headers.get("host", "").strip().lower()
-    return bool(host) and urlsplit(origin).netloc == host
+def changes_library(scope: Scope) -> bool:
+    """A request that adds or deletes a voice of the tenant's library."""
+    path = str(scope.get("path", ""))
+    library = path == KEY_ONLY_PREFIX or path.startswith(KEY_ONLY_PREFIX + "/")
+    return scope["type"] == "http" and library and changes_state(scope)
 
 
 class AuthGuard:
@@ -142,25 +150,41 @@ class AuthGuard:
             await self.app(scope, receive, send)
             return
         try:
-            if scope["type"] == "websocket" and not origin_allowed(
-                scope, self.settings.allowed_origins
-            ):
-                raise Forbidden("this Origin may not open a WebSocket here")
-            if not await self._admit(scope):
-                await self.app(scope, receive, send)
-                return
+            self._check_browser(scope)
+            counted = await self._admit(scope)
         except VoiceAgentError as exc:
             await self._refuse(scope, receive, send, exc)
             return
-        if scope["type"] == "websocket":
+        if scope["type"] == "websocket" and self.settings.required:
+            cutoff = Cutoff(receive, send, scope.get("path", "") in NATIVE_PATHS)
+            scope[CUTOFF] = cutoff  # a revoked key ends the connection through it
+            receive, send = cutoff.receive, cutoff.send
+        if scope["type"] == "websocket" and counted:
             await self._serve_session(scope, receive, send)
         else:
             await self.app(scope, receive, send)
 
+    def _check_browser(self, scope: Scope) -> None:
+        """Forbidden for what a web page must not make this service do (browser.py)."""
+        path, allowed = scope.get("path", ""), self.settings.allowed_origins
+        if path in LOCAL_PATHS and not local_caller(scope):
+            raise Forbidden(
+                f"{path} is for callers on this host only, sending no Origin and no "
+                "forwarding header (X-Forwarded-For, Forwarded, X-Real-IP)"
+            )
+        if not self.settings.required and not host_allowed(scope, allowed):
+            raise Forbidden(
+                "with authentication off only a Host of localhost or an IP address is "
+                "served (a DNS name could be a rebinding page's); list the name's origin "
+                "in VA_AUTH__ALLOWED_ORIGINS to serve it"
+            )
+        if changes_state(scope) and not origin_allowed(scope, allowed):
+            what = "open a WebSocket" if scope["type"] == "websocket" else "send this request"
+            raise Forbidden(f"this Origin may not {what} here")
+
     def _open(self, path: str, scope: Scope) -> bool:
         if path in LOCAL_PATHS:
-            client: tuple[str, int] | None = scope.get("client")
-            return client is not None and is_loopback(str(client[0]))
+            return local_caller(scope)
         if path in PAGE_PATHS or path.startswith(PAGE_PREFIX):
             return bool(scope["type"] == "http")  # the browser page: static files, no data
         return path in OPEN_PATHS or (path == "/metrics" and not self.settings.protect_ops)
@@ -185,6 +209,11 @@ class AuthGuard:
         """Check the tenant's per-request limits and give the request its meter."""
         path = scope.get("path", "")
         scope[PRINCIPAL] = principal
+        if principal.kind != "key" and changes_library(scope):
+            raise Forbidden(
+                "changing the voice library (POST /v1/voices, DELETE /v1/voices/<id>) needs "
+                "an API key: a client token may use the tenant's voices, not add or delete them"
+            )
         if principal.kind == "relay":
             if not self.accept_relay:
                 raise Unauthorized("a relay token is for the services behind a gateway")
@@ -245,7 +274,8 @@ class AuthGuard:
         limit = principal.limits.sessions if principal.limits else None
         lease = f"{self.service}-{uuid.uuid4().hex}"
         await self.limiter.open_session(principal.tenant, limit, lease)
-        renewer = asyncio.create_task(self._renew(principal.tenant, lease), name="lease-renewer")
+        cutoff = scope.get(CUTOFF)
+        renewer = asyncio.create_task(self._renew(principal, lease, cutoff), name="lease-renewer")
         try:
             yield
         finally:
@@ -273,13 +303,30 @@ class AuthGuard:
         async with self._session(scope):
             yield
 
-    async def _renew(self, tenant: str, lease: str) -> None:
+    async def _renew(self, principal: Principal, lease: str, cutoff: Cutoff | None) -> None:
+        """Renew the lease every `lease_renew_s`, and check the key is still active: once
+        it is revoked, end the connection (`unauthorized`, close 1008) and stop."""
         while True:
-            await asyncio.sleep(LEASE_S / 3)
+            await asyncio.sleep(self.settings.lease_renew_s)
             try:
-                await self.limiter.renew_session(tenant, lease)
+                await self.limiter.renew_session(principal.tenant, lease)
+                if principal.key_id is not None:
+                    await self.keys.active(principal.key_id)
+            except Unauthorized:
+                await self._revoked(principal, cutoff)
+                return
             except REDIS_FAILED as exc:  # out of reach, or refusing (OOM)
                 log.warning("could not renew a session lease: %s", exc)
+
+    async def _revoked(self, principal: Principal, cutoff: Cutoff | None) -> None:
+        exc = Unauthorized("the API key of this connection was revoked")
+        log.info(
+            "ending a connection of tenant %s: key %s revoked", principal.tenant, principal.key_id
+        )
+        metrics.AUTH_REFUSED.labels(self.service, exc.code).inc()
+        metrics.ERRORS.labels(self.service, exc.code).inc()
+        if cutoff is not None:
+            await cutoff.end(exc)
 
     async def _refuse(
         self, scope: Scope, receive: Receive, send: Send, exc: VoiceAgentError

@@ -53,6 +53,9 @@ class AuthSettings(BaseModel):
     API (CORS); same-origin pages and clients that send no Origin always may. `*`: any."""
     protect_ops: bool = False
     """`/metrics` and /health's details need a credential too (/health still says healthy)."""
+    lease_renew_s: float = Field(default=20.0, ge=0.5, le=30.0)
+    """How often an open WebSocket renews its session lease (which lasts 60 s) and checks
+    that its key is still active: a revoked key's open connections end within this long."""
     limits: DefaultLimits = DefaultLimits()
     """Default limits of every tenant (a key may set its own)."""
 

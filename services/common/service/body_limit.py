@@ -4,6 +4,11 @@ An endpoint that takes a multipart upload sees it only once the framework has re
 spooled the whole body (to disk past 1 MB): its own size check comes after a client has
 sent as much as it likes. `BodyLimit` refuses the body first: by its `Content-Length` at
 once, or, sent chunked, as soon as the bytes read pass the limit.
+
+A JSON endpoint is read whole and parsed before any of its fields is checked (a text's
+length, say): it is registered with its own small limit (`json_body_limit` of its longest
+text: the TTS service's `/v1/audio/speech`) and no form margin. (`POST /v1/sessions` reads
+its body itself: services/common/auth/tokens_api.py.)
 """
 
 from __future__ import annotations
@@ -16,22 +21,38 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 FORM_MARGIN = 64 * 1024
 """What a multipart body holds besides its file (boundaries, headers, form fields): the
 endpoint checks the file itself against the limit, with its own message."""
+JSON_CHAR_BYTES = 12
+"""The most bytes one character of a JSON string takes (a `\\uXXXX` surrogate pair)."""
+
+
+def json_body_limit(max_chars: int) -> int:
+    """A limit for a JSON body that carries a text of up to `max_chars` characters."""
+    return JSON_CHAR_BYTES * max_chars + FORM_MARGIN
 
 
 class BodyLimit:
-    """An ASGI middleware: POST bodies to `limits`' paths of at most their bytes."""
+    """An ASGI middleware: POST bodies to `limits`' paths of at most their bytes (plus
+    `margin`: a form's parts besides its file; 0 for a JSON body)."""
 
-    def __init__(self, app: ASGIApp, limits: Mapping[str, int]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        limits: Mapping[str, int],
+        margin: int = FORM_MARGIN,
+        what: str = "the upload",
+    ) -> None:
         self.app = app
         self.limits = dict(limits)
+        self.margin = margin
+        self.what = what
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         limit = self.limits.get(scope.get("path", "")) if scope["type"] == "http" else None
         if limit is None or scope.get("method") != "POST":
             await self.app(scope, receive, send)
             return
-        most = limit + FORM_MARGIN
-        refused = f"the upload exceeds the limit of {limit} bytes"
+        most = limit + self.margin
+        refused = f"{self.what} exceeds the limit of {limit} bytes"
         declared = dict(scope.get("headers") or []).get(b"content-length")
         too_big = declared is not None and declared.isdigit() and int(declared) > most
         read = 0
