@@ -63,7 +63,8 @@ def create_app(settings: AsrSettings, engine: AsrEngine | None = None) -> FastAP
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await models.start()
         state.device, state.gpu_index = engine.device, cuda_index(engine.device)
-        hearing["vad"] = HearingBatcher(await asyncio.to_thread(SileroVad))
+        vad = await asyncio.to_thread(SileroVad, settings.vad.model_path)  # VA_VAD__MODEL_PATH
+        hearing["vad"] = HearingBatcher(vad)
         state.model_loaded = True
         consumer = unique_consumer_name("asr")
         handler = AsrJobHandler(batcher, redis, settings.redis, section.max_utterance_s)

@@ -63,7 +63,8 @@ class WhisperSettings(BaseModel):
     """Language assumed when a request names none (skips detection); unset or `auto`:
     detect it per utterance (multilingual models; an English-only one hears English)."""
     warmup: bool = True
-    """Run one utterance through the model at start-up, so the first user does not pay for it."""
+    """Run two 1 s utterances through the model at start-up, one in English and one whose
+    language is detected, so the first user pays for neither path."""
     allow_download: bool = False
     """Download the model from the Hub at start-up if missing (off: fail with the fix)."""
 

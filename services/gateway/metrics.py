@@ -19,7 +19,7 @@ TWILIO_MESSAGES = Counter(
 )
 ASR_ROUNDTRIP = Histogram(
     "va_gateway_asr_seconds",
-    "From end of turn to the final transcript (Redis round trip and ASR).",
+    "From the end of the user's speech to the final transcript (Redis round trip and ASR).",
     buckets=STAGE_BUCKETS,
 )
 TTS_FIRST_AUDIO = Histogram(

@@ -20,4 +20,7 @@ TTS_RTF = Histogram(
     buckets=(0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0),
 )
 TTS_AUDIO_SECONDS = Counter("va_tts_audio_seconds_total", "Seconds of audio synthesized.")
-TTS_CANCELLED = Counter("va_tts_cancelled_total", "Syntheses stopped by a cancellation.")
+TTS_CANCELLED = Counter(
+    "va_tts_cancelled_total",
+    "Syntheses stopped by a cancellation: a bus job's, or a `cancel` on /v1/stream/tts.",
+)

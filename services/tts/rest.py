@@ -23,13 +23,15 @@ import asyncio
 import base64
 import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Annotated, Any, Final, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.requests import ClientDisconnect
+from starlette.types import Receive, Scope, Send
 
 from services.common import metrics
 from services.common.audio.pcm import AudioF32, media_type, supported_encodings
@@ -138,11 +140,12 @@ def router(synthesizer: Synthesizer, max_input_chars: int) -> APIRouter:
         except BaseException:
             await chunks.aclose()
             raise
-        encoded = _encoded(chunks, first, StreamEncoder(body.response_format, rate), started)
+        tally = _Tally(started)
+        encoded = _encoded(chunks, first, StreamEncoder(body.response_format, rate), tally)
         if body.stream_format == "sse":
             events = _events(encoded, len(body.input), rate)
-            return StreamingResponse(events, media_type="text/event-stream")
-        return StreamingResponse(_bytes(encoded), media_type=media_type(body.response_format))
+            return _CountedStream(events, "text/event-stream", tally)
+        return _CountedStream(_bytes(encoded), media_type(body.response_format), tally)
 
     return api
 
@@ -152,13 +155,60 @@ class _NotFound(UnknownModel):
     http_status = 404
 
 
+class _Tally:
+    """`va_requests_total{route="speech"}` for one streamed request, counted once."""
+
+    def __init__(self, started: float) -> None:
+        self.started = started
+        self.counted = False
+
+    def count(self, outcome: str) -> None:
+        """Count `outcome` unless this request is counted already (`error`: the app's error
+        handler counts it, services/common/service/routes.py)."""
+        if self.counted:
+            return
+        self.counted = True
+        if outcome == "ok":
+            duration = time.perf_counter() - self.started
+            metrics.REQUEST_DURATION.labels("tts", "speech").observe(duration)
+        if outcome != "error":
+            metrics.REQUESTS.labels("tts", "speech", outcome).inc()
+
+
+class _CountedStream(StreamingResponse):
+    """A streamed speech body that counts how it ended: `ok` once its last piece is out
+    (`_encoded`), `error` when it breaks, `cancelled` when the client hangs up first (as
+    the ASR service counts a hang-up). Its body is closed here however it ends: a client
+    that hangs up leaves it waiting at a `yield`, where nothing else would close it (and
+    stop its synthesis) until it is collected."""
+
+    body_iterator: AsyncGenerator[bytes, None]
+
+    def __init__(self, body: AsyncGenerator[bytes, None], media_type: str, tally: _Tally):
+        super().__init__(body, media_type=media_type)
+        self.tally = tally
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except ClientDisconnect:  # a server on ASGI spec 2.4 says so
+            pass
+        except Exception:
+            self.tally.count("error")
+            raise
+        finally:
+            await self.body_iterator.aclose()
+            self.tally.count("cancelled")  # unless it ended otherwise
+
+
 async def _encoded(
     chunks: AsyncGenerator[AudioF32, None],
     first: AudioF32 | None,
     encoder: StreamEncoder,
-    started: float,
-) -> AsyncIterator[tuple[bytes, int]]:
-    """(encoded bytes, samples they carry) per chunk, the header with the first."""
+    tally: _Tally,
+) -> AsyncGenerator[tuple[bytes, int], None]:
+    """(encoded bytes, samples they carry) per chunk, the header with the first; the
+    request counts `ok` once the last is made."""
     try:
         async with aclosing(chunks):
             header = await asyncio.to_thread(encoder.start)
@@ -170,28 +220,29 @@ async def _encoded(
             async for chunk in chunks:
                 yield await asyncio.to_thread(encoder.encode, chunk), chunk.size
             yield await asyncio.to_thread(encoder.finish), 0
-        metrics.REQUEST_DURATION.labels("tts", "speech").observe(time.perf_counter() - started)
-        metrics.REQUESTS.labels("tts", "speech", "ok").inc()
+        tally.count("ok")
     finally:
         encoder.close()
 
 
-async def _bytes(encoded: AsyncIterator[tuple[bytes, int]]) -> AsyncIterator[bytes]:
-    async for data, _ in encoded:
-        if data:
-            yield data
+async def _bytes(encoded: AsyncGenerator[tuple[bytes, int], None]) -> AsyncGenerator[bytes, None]:
+    async with aclosing(encoded):
+        async for data, _ in encoded:
+            if data:
+                yield data
 
 
 async def _events(
-    encoded: AsyncIterator[tuple[bytes, int]], characters: int, rate: int
-) -> AsyncIterator[bytes]:
+    encoded: AsyncGenerator[tuple[bytes, int], None], characters: int, rate: int
+) -> AsyncGenerator[bytes, None]:
     """OpenAI's speech events: a `speech.audio.delta` per piece, then `speech.audio.done`."""
     samples = 0
-    async for data, count in encoded:
-        samples += count
-        if data:
-            audio = base64.b64encode(data).decode("ascii")
-            yield _event({"type": "speech.audio.delta", "audio": audio})
+    async with aclosing(encoded):
+        async for data, count in encoded:
+            samples += count
+            if data:
+                audio = base64.b64encode(data).decode("ascii")
+                yield _event({"type": "speech.audio.delta", "audio": audio})
     output = round(1000 * samples / rate)
     usage = {"input_tokens": characters, "output_tokens": output}
     usage["total_tokens"] = characters + output

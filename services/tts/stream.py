@@ -26,6 +26,7 @@ from services.common.protocol.events import (
 from services.common.service.routes import ServiceState
 from services.common.service.ws import Channel, Disconnected, failing_typed
 from services.common.tenancy import DEFAULT_TENANT
+from services.tts.metrics import TTS_CANCELLED
 from services.tts.synthesizer import Synthesizer, until_stopped
 
 log = logging.getLogger(__name__)
@@ -130,11 +131,14 @@ class TtsStream:
                 async for chunk in audio:
                     await self.channel.send_audio(float_to_pcm16(chunk))
                     samples += chunk.size
+        cancelled = stop.is_set()
+        if cancelled:
+            TTS_CANCELLED.inc()
         await self.channel.send(
             AudioDone(
                 id=request.id,
                 audio_ms=samples_to_ms(samples, rate),
-                status="cancelled" if stop.is_set() else "completed",
+                status="cancelled" if cancelled else "completed",
             )
         )
 

@@ -271,6 +271,8 @@ def test_rest_and_health_routes(front: Front) -> None:
         page = http.get("/")  # the browser client, from the gateways, over TLS
         assert page.status_code == 200 and "/static/app.js" in page.text
         assert http.get("/static/worklet.js").status_code == 200
+        agents = http.get("/v1/agents")  # the page's agent list (was nginx's catch-all 404)
+        assert agents.status_code == 200 and agents.json()["default"], agents.text
 
         speech = http.post(
             "/v1/audio/speech",

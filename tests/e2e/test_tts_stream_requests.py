@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
+from prometheus_client import REGISTRY
 from websockets.asyncio.client import ClientConnection
 
 from services.common.bus.settings import RedisSettings
@@ -86,11 +87,18 @@ async def _served_whole(ws: ClientConnection, request_id: str, text: str) -> Jso
     return done
 
 
+def _cancelled() -> float:
+    """`va_tts_cancelled_total` (the server runs in this process)."""
+    return REGISTRY.get_sample_value("va_tts_cancelled_total") or 0.0
+
+
 async def test_a_cancel_ends_the_request_while_the_engine_is_mid_piece(tts: Tts) -> None:
     """The cancel is answered (`audio.done` `cancelled`) while the engine is still in the
     middle of its piece (it used to be answered only once the engine's next piece was
     done); the engine is told to stop, nothing of that request comes after, and the slot
-    it held serves the next request once the engine has returned."""
+    it held serves the next request once the engine has returned. It counts once in
+    `va_tts_cancelled_total` (which used to count only the bus's jobs)."""
+    before = _cancelled()
     async with connect(tts.url) as ws:
         await _ready(ws)
         await _speaking(ws, tts, "x")
@@ -104,6 +112,7 @@ async def test_a_cancel_ends_the_request_while_the_engine_is_mid_piece(tts: Tts)
         assert tts.engine.stop_seen == [True]
         await send_json(ws, {"type": "speak", "id": "y", "text": "hello there"})
         await _served_whole(ws, "y", "hello there")
+    assert _cancelled() - before == 1  # the request cancelled; not the one served whole
 
 
 async def test_a_cancel_leaves_a_later_request_with_the_same_id_alone(tts: Tts) -> None:

@@ -21,6 +21,7 @@ REST_ROUTES = {
     "/v1/voices": "http://va_tts",
     "= /": "http://va_gateway",  # the browser client
     "/static/": "http://va_gateway",
+    "= /v1/agents": "http://va_gateway",  # the browser page's agent list
     "= /health": "http://va_gateway/health",
     "= /ready": "http://va_gateway/ready",
     "= /health/asr": "http://va_asr/health",
@@ -116,6 +117,23 @@ def test_rest_and_health_routes(conf: str) -> None:
             assert "limit_conn" not in found, route  # probes pass when clients are refused
     https = conf[conf.index("ssl_certificate ") :]
     assert "return 404" in block(https, "location /")  # /metrics and the rest stay private
+
+
+def page_fetches() -> set[str]:
+    """The paths the browser page asks for with fetch() (services/gateway/static/app.js)."""
+    script = Path(__file__).resolve().parents[2] / "services/gateway/static/app.js"
+    return set(re.findall(r"""fetch\(\s*["'`](/[^"'`?]*)""", script.read_text()))
+
+
+def test_every_path_the_browser_page_fetches_is_routed(conf: str) -> None:
+    """Each reaches a service, not the catch-all 404 (`GET /v1/agents` used to)."""
+    https = conf[conf.index("ssl_certificate ") :]
+    exact = set(re.findall(r"location = (\S+) \{", https))
+    prefixes = set(re.findall(r"location (/\S+) \{", https)) - {"/"}
+    fetched = page_fetches()
+    assert {"/v1/agents", "/v1/voices"} <= fetched
+    for path in fetched:
+        assert path in exact or any(path.startswith(p) for p in prefixes), path
 
 
 def test_access_log_has_no_query_string_or_headers(conf: str) -> None:

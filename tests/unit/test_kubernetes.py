@@ -24,6 +24,7 @@ from services.ops.cli import parser as cli_parser
 from services.ops.deploy import NginxSite
 from services.ops.models import MODELS
 from services.tts.settings import TtsSettings
+from tests.unit.test_deploy import page_fetches
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "kubernetes" / "voice-agent"
@@ -217,6 +218,7 @@ def test_ingress_keeps_websockets_open_and_routes_like_nginx() -> None:
         "/v1/sessions": "Exact",
         "/": "Exact",
         "/static": "Prefix",
+        "/v1/agents": "Exact",  # the browser page's agent list
         "/health": "Exact",
         "/ready": "Exact",
     }
@@ -233,6 +235,21 @@ def test_ingress_keeps_websockets_open_and_routes_like_nginx() -> None:
     assert body == f"{NginxSite().max_body_mb}m"
 
 
+@pytest.mark.parametrize("engines", ["true", "false"])
+def test_ingress_routes_every_path_the_browser_page_fetches(engines: str) -> None:
+    """`GET /v1/agents` (the page's agent list) used to match no path (`/` is Exact)."""
+    docs = render("redis.existingSecret=redis-url", f"ingress.exposeEngines={engines}")
+    ingress = find(docs, "Ingress", "va-voice-agent")
+    routes = [(p["path"], p["pathType"]) for p in ingress["spec"]["rules"][0]["http"]["paths"]]
+    fetched = page_fetches()
+    assert "/v1/agents" in fetched
+    for path in fetched:
+        assert any(
+            path == route or (kind == "Prefix" and path.startswith(route.rstrip("/") + "/"))
+            for route, kind in routes
+        ), path
+
+
 def test_ingress_without_engines_sends_the_voice_list_to_the_gateways() -> None:
     docs = render("redis.existingSecret=redis-url", "ingress.exposeEngines=false")
     ingress = find(docs, "Ingress", "va-voice-agent")
@@ -241,7 +258,7 @@ def test_ingress_without_engines_sends_the_voice_list_to_the_gateways() -> None:
         for p in ingress["spec"]["rules"][0]["http"]["paths"]
     }
     assert set(paths.values()) == {"va-voice-agent-gateway"}
-    assert "/v1/voices" in paths and "/v1/twilio" in paths
+    assert "/v1/voices" in paths and "/v1/twilio" in paths and "/v1/agents" in paths
 
 
 def test_pdb_and_hpa_select_the_gateways() -> None:

@@ -81,7 +81,7 @@ def default_model_path() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise EngineUnavailable(
             "Silero VAD model not found: pip install faster-whisper (its wheel ships "
-            "assets/silero_vad_v6.onnx), or set the VAD model_path setting"
+            "assets/silero_vad_v6.onnx), or set VA_VAD__MODEL_PATH"
         )
     return Path(next(iter(spec.submodule_search_locations))) / "assets" / "silero_vad_v6.onnx"
 
@@ -94,10 +94,16 @@ class SileroVad:
         if not path.is_file():
             raise EngineUnavailable(
                 f"Silero VAD model not found at {path}: pip install faster-whisper, "
-                "or set the VAD model_path setting to an existing silero_vad_v6.onnx"
+                "or set VA_VAD__MODEL_PATH to an existing silero_vad_v6.onnx"
             )
         data = path.read_bytes()
-        self._session = _session(data)
+        try:
+            self._session = _session(data)
+        except Exception as exc:  # onnxruntime's own error types: not a usable model
+            raise EngineUnavailable(
+                f"Silero VAD model at {path} could not be loaded ({exc}): set "
+                "VA_VAD__MODEL_PATH to a silero_vad_v6.onnx"
+            ) from exc
         self._batch_session: Any = None
         if batched:
             try:
