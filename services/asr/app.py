@@ -58,6 +58,7 @@ def create_app(settings: AsrSettings, engine: AsrEngine | None = None) -> FastAP
     )
     hearing: dict[str, HearingBatcher] = {}  # the VAD of every stream, batched off the loop
     background = Background()
+    state.background_ok = background.healthy
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -81,7 +82,7 @@ def create_app(settings: AsrSettings, engine: AsrEngine | None = None) -> FastAP
             for shard in shards
         ]
         for index, worker in enumerate(workers):
-            background.start(worker.run(), f"asr-worker-{index}")
+            background.start(worker.run, f"asr-worker-{index}")
         log.info(
             "ASR ready: engine=%s model=%s device=%s", engine.name, engine.model, engine.device
         )

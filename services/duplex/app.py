@@ -63,6 +63,7 @@ def create_app(settings: DuplexSettings, engine: DuplexEngine | None = None) -> 
         extra=extra,
     )
     background = Background()
+    state.background_ok = background.healthy
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -72,7 +73,7 @@ def create_app(settings: DuplexSettings, engine: DuplexEngine | None = None) -> 
         metrics.SLOTS.set(section.max_sessions)
         metrics.STATE_BYTES.set(state_bytes["per_slot"])
         state.model_loaded = True
-        background.start(stepper.run(), "duplex-stepper")
+        background.start(stepper.run, "duplex-stepper")
         log.info(
             "duplex ready: engine=%s model=%s device=%s slots=%d",
             engine.name,

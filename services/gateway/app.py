@@ -173,6 +173,7 @@ def create_app(
     state.extra = extra
     state.timings = {"hearing": metrics.HEARING, "results": metrics.RESULTS_WAIT}
     background = Background()
+    state.background_ok = background.healthy
 
     async def save(session: Session | DuplexSession) -> None:
         await store.save(session.config, session.history, session.tenant)

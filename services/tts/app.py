@@ -54,6 +54,7 @@ def create_app(settings: TtsSettings, engine: TtsEngine | None = None) -> FastAP
         extra=lambda: {"active_syntheses": synthesizer.active},
     )
     background = Background()
+    state.background_ok = background.healthy
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -75,7 +76,7 @@ def create_app(settings: TtsSettings, engine: TtsEngine | None = None) -> FastAP
             for shard in shards
         ]
         for index, worker in enumerate(workers):
-            background.start(worker.run(), f"tts-worker-{index}")
+            background.start(worker.run, f"tts-worker-{index}")
         log.info(
             "TTS ready: engine=%s model=%s device=%s", engine.name, engine.model, engine.device
         )

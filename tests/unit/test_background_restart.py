@@ -57,3 +57,36 @@ async def test_a_bare_coroutine_that_dies_is_recorded() -> None:
     await asyncio.wait([task], timeout=5)
     assert background.dead == ["bare"] and not background.healthy()
     await background.stop()
+
+
+async def test_a_task_waiting_for_its_restart_is_not_healthy() -> None:
+    """Between its death and its restart the service is not serving what the task does:
+    `healthy()` (the readiness check `background`) says so, and says it again once the
+    task runs."""
+    waiting, resume = asyncio.Event(), asyncio.Event()
+
+    async def pause(_: float) -> None:
+        waiting.set()
+        await resume.wait()
+
+    runs = 0
+    serving = asyncio.Event()
+
+    async def worker() -> None:
+        nonlocal runs
+        runs += 1
+        if runs == 1:
+            raise RuntimeError("the worker died")
+        serving.set()
+        await asyncio.Event().wait()
+
+    background = Background(sleep=pause)
+    background.start(worker, "asr-worker-0")
+    async with asyncio.timeout(5):
+        await waiting.wait()
+    assert not background.healthy() and background.down == {"asr-worker-0"}
+    resume.set()
+    async with asyncio.timeout(5):
+        await serving.wait()
+    assert background.healthy()
+    await background.stop()

@@ -189,13 +189,16 @@ async def test_cpu_service_reports_gpu_unavailable(monkeypatch: pytest.MonkeyPat
         (True, FakeRedis(ConnectionError("down")), False, "redis"),
         (True, FakeRedis(None), False, "redis"),  # a Redis that hangs: /ready still answers
         (True, FakeRedis(True), True, "not_draining"),
+        (True, FakeRedis(True), False, "background"),  # a job worker waits for its restart
     ],
 )
 async def test_ready_follows_the_protocol(
     loaded: bool, redis: Any, draining: bool, failing: str | None
 ) -> None:
-    """docs/protocol.md: 200 only when the model is loaded, Redis reachable and not draining."""
+    """docs/protocol.md: 200 only when the model is loaded, Redis reachable, not draining,
+    and every background task running."""
     state = ServiceState("asr", redis, model_loaded=loaded, draining=draining)
+    state.background_ok = lambda: failing != "background"
     app = app_for(state)
     async with asyncio.timeout(5):
         response = await get(app, "/ready")

@@ -32,6 +32,8 @@ class Background:
         self.tasks: list[asyncio.Task[Any]] = []
         self.dead: list[str] = []
         """Names of the tasks that died and will not run again."""
+        self.down: set[str] = set()
+        """Names of supervised tasks that died and wait for their restart."""
         self.restarts = 0
         """How many times a supervised task was started again after dying."""
         self._restart_first_s = restart_first_s
@@ -46,8 +48,9 @@ class Background:
         return task
 
     def healthy(self) -> bool:
-        """Whether no task has died for good (for a readiness check)."""
-        return not self.dead
+        """Whether every task runs: none died for good, none waits for its restart (the
+        service's readiness check `background`)."""
+        return not self.dead and not self.down
 
     async def stop(self, timeout_s: float = 5.0) -> None:
         """Cancel every task and wait for them, at most `timeout_s` (shutdown never hangs)."""
@@ -77,7 +80,11 @@ class Background:
                 if loop.time() - began >= RESTART_SETTLED_S:
                     pause = self._restart_first_s
                 log.exception("background task %s died: started again in %.1f s", name, pause)
-            await self._sleep(pause)
+            self.down.add(name)
+            try:
+                await self._sleep(pause)
+            finally:
+                self.down.discard(name)
             pause = min(pause * 2, RESTART_MAX_S)
             self.restarts += 1
 

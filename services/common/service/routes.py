@@ -47,6 +47,9 @@ class ServiceState:
     draining: bool = False
     active_connections: int = 0
     queue_depth: Callable[[], int] = lambda: 0
+    background_ok: Callable[[], bool] = lambda: True
+    """Whether the service's background tasks all run (lifecycle.Background.healthy): a
+    job worker or result reader that died and waits for its restart is not serving."""
     started_at: float = field(default_factory=time.time)
     extra: Callable[[], dict[str, Any]] = dict
     timings: dict[str, RecentSamples] = field(default_factory=dict)
@@ -78,6 +81,7 @@ class ServiceState:
             "model_loaded": self.model_loaded,
             "redis": redis_ok,
             "not_draining": not self.draining,
+            "background": self.background_ok(),
         }
         metrics.READY.labels(self.service).set(1 if all(checks.values()) else 0)
         return checks
