@@ -47,6 +47,12 @@ class UploadTooLarge(InvalidAudio):
     http_status = 413
 
 
+class BodyTooLarge(InvalidMessage):
+    """A request body (JSON) over its endpoint's limit: HTTP 413."""
+
+    http_status = 413
+
+
 class UnsupportedSampleRate(VoiceAgentError):
     """A sample rate outside the allowed set."""
 

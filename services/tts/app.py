@@ -14,6 +14,7 @@ from services.common.bus.connection import connect
 from services.common.bus.keys import Keys
 from services.common.bus.streams import JobStream, consumed_shards, unique_consumer_name
 from services.common.bus.worker import JobWorker
+from services.common.errors import BodyTooLarge
 from services.common.platform.devices import cuda_index
 from services.common.platform.threads import limit_blas_threads
 from services.common.service.body_limit import BodyLimit, json_body_limit
@@ -96,7 +97,9 @@ def create_app(settings: TtsSettings, engine: TtsEngine | None = None) -> FastAP
     app.include_router(voices_router(synthesizer, library))
     app.add_middleware(BodyLimit, limits={"/v1/voices": section.voices.max_upload_bytes})
     speech = {"/v1/audio/speech": json_body_limit(section.max_input_chars)}
-    app.add_middleware(BodyLimit, limits=speech, margin=0, what="the request body")
+    app.add_middleware(
+        BodyLimit, limits=speech, margin=0, what="the request body", error=BodyTooLarge
+    )
 
     @app.websocket("/v1/stream/tts")
     async def tts_stream(ws: WebSocket) -> None:

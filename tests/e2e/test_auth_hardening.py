@@ -282,6 +282,7 @@ async def test_json_bodies_are_limited(stack: AuthStack) -> None:
                 reply = await http.post(url, headers=headers, content=content)
                 assert reply.status_code == 413, (url, reply.text)
                 assert "exceeds the limit" in reply.json()["error"]["message"]
+                assert reply.json()["error"]["code"] == "invalid_message"  # not audio
         longest = {"input": "\u00e9" * 4096, "voice": "default", "response_format": "wav"}
         raw = json.dumps(longest).encode()  # ASCII escapes: 6 bytes a character
         assert (await http.post(speech, headers=headers, content=raw)).status_code == 200

@@ -47,7 +47,8 @@ class AuthSettings(BaseModel):
     """HS256 secret of client tokens (≥ 32 characters), the same on every service; empty:
     one is generated once and kept in Redis (`<prefix>:auth:signing_secret`)."""
     token_ttl_s: int = Field(default=60, ge=10, le=7200)
-    """Default lifetime of a client token: the time it gives to open its session."""
+    """Default lifetime of a client token: until then it opens (and resumes) sessions, as
+    many as the tenant's limits allow; a session opened before it expires goes on."""
     allowed_origins: list[str] = []
     """Origins (`https://app.example.com`) whose pages may open WebSockets and call the REST
     API (CORS); same-origin pages and clients that send no Origin always may. `*`: any."""

@@ -20,18 +20,12 @@ from services.common.auth.api_keys import KeyStore
 from services.common.auth.credentials import APP_SUBPROTOCOL, TOKEN_SUBPROTOCOL, sign_token
 from services.common.auth.guard import AuthGuard, principal_of
 from services.common.auth.settings import AuthSettings
-from services.common.errors import Forbidden, InvalidMessage
+from services.common.errors import BodyTooLarge, Forbidden
 from services.common.redact import install_redaction
 
 MAX_BODY_BYTES: Final = 256 * 1024
 """The body's limit: instructions of 16 384 characters, each up to 12 bytes as JSON escapes
 (a surrogate pair), and the rest."""
-
-
-class BodyTooLarge(InvalidMessage):
-    """A request body over its endpoint's limit (HTTP 413)."""
-
-    http_status = 413
 
 
 class TokenSession(BaseModel):

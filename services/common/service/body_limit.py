@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from services.common.errors import UploadTooLarge, VoiceAgentError
+
 FORM_MARGIN = 64 * 1024
 """What a multipart body holds besides its file (boundaries, headers, form fields): the
 endpoint checks the file itself against the limit, with its own message."""
@@ -30,6 +32,15 @@ def json_body_limit(max_chars: int) -> int:
     return JSON_CHAR_BYTES * max_chars + FORM_MARGIN
 
 
+class TooLarge(HTTPException):
+    """A body refused past its limit: an HTTPException (FastAPI passes one raised while it
+    reads a body on as it is) that carries the typed error the client gets."""
+
+    def __init__(self, error: VoiceAgentError) -> None:
+        super().__init__(413, error.message)
+        self.error = error
+
+
 class BodyLimit:
     """An ASGI middleware: POST bodies to `limits`' paths of at most their bytes (plus
     `margin`: a form's parts besides its file; 0 for a JSON body)."""
@@ -40,11 +51,15 @@ class BodyLimit:
         limits: Mapping[str, int],
         margin: int = FORM_MARGIN,
         what: str = "the upload",
+        error: type[VoiceAgentError] = UploadTooLarge,
     ) -> None:
+        """`error`: what the refusal is (an upload's `invalid_audio`; a JSON body's
+        `invalid_message`: `BodyTooLarge`), always HTTP 413."""
         self.app = app
         self.limits = dict(limits)
         self.margin = margin
         self.what = what
+        self.error = error
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         limit = self.limits.get(scope.get("path", "")) if scope["type"] == "http" else None
@@ -52,7 +67,7 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         most = limit + self.margin
-        refused = f"{self.what} exceeds the limit of {limit} bytes"
+        refused = TooLarge(self.error(f"{self.what} exceeds the limit of {limit} bytes"))
         declared = dict(scope.get("headers") or []).get(b"content-length")
         too_big = declared is not None and declared.isdigit() and int(declared) > most
         read = 0
@@ -63,12 +78,12 @@ class BodyLimit:
             the refusal is the app's own error reply (typed, counted as every error is)."""
             nonlocal read
             if too_big:
-                raise HTTPException(413, refused)
+                raise refused
             message = await receive()
             if message["type"] == "http.request":
                 read += len(message.get("body", b""))
                 if read > most:  # FastAPI passes an HTTPException from the body on as it is
-                    raise HTTPException(413, refused)
+                    raise refused
             return message
 
         await self.app(scope, limited, send)

@@ -27,6 +27,7 @@ from services.common.errors import (
     VoiceAgentError,
 )
 from services.common.platform.gpu import gpu_report
+from services.common.service.body_limit import TooLarge
 from services.common.service.process import LoopLagMonitor, RecentSamples, process_figures
 from services.common.service.ws import Channel
 
@@ -147,7 +148,9 @@ def _first_problem(errors: Sequence[Any]) -> tuple[str, str]:
 def http_exception_error(exc: HTTPException) -> VoiceAgentError:
     """Starlette's own refusals (unknown route 404, wrong method 405, unreadable body 400)
     as typed errors, so every HTTP error has the same JSON shape."""
-    if exc.status_code == 413:  # a body past its limit (BodyLimit)
+    if isinstance(exc, TooLarge):  # a body past its limit (BodyLimit)
+        return exc.error
+    if exc.status_code == 413:
         return UploadTooLarge(str(exc.detail))
     error = (
         InvalidMessage(str(exc.detail))
