@@ -66,10 +66,15 @@ def _redact_plain(text: str) -> str:
     return text
 
 
+CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
+"""Characters a decoded text must not bring into a log line (a newline would start a line
+its sender wrote)."""
+
+
 def redact(text: str) -> str:
     """`text` with every request line's query string and every credential-shaped part
-    replaced; a credential found only once percent-decoded is replaced in the decoded text
-    (which is then what is kept)."""
+    replaced; a credential found only once percent-decoded is replaced in the decoded text,
+    which is then what is kept, its control characters percent-encoded again."""
     cleaned = _redact_plain(text)
     decoded, hidden = cleaned, False
     for _ in range(DECODE_ROUNDS):
@@ -79,7 +84,9 @@ def redact(text: str) -> str:
         found = _redact_plain(decoded)
         hidden = hidden or found != decoded
         decoded = found
-    return decoded if hidden else cleaned
+    if not hidden:
+        return cleaned
+    return CONTROL.sub(lambda m: f"%{ord(m.group()):02X}", decoded)
 
 
 class RedactSecrets(logging.Filter):

@@ -98,6 +98,11 @@ class AgentChoice:
         log.info("new sessions get the echo agent: %s", self.notice)
 
 
+FINAL_SAVE_WAIT_S = 10.0
+"""How long a session's last save may take once it has ended (a frozen Redis would hold its
+handler, and a process's shutdown, for as long as its retries last)."""
+
+
 def create_app(
     settings: GatewaySettings,
     agents: dict[str, Callable[[], Agent]] | None = None,
@@ -337,18 +342,20 @@ def create_app(
                 await session.serve()
         finally:
             ended = sessions.pop(config.id, None)
+            # closed now, whatever its save meets: a drain waits for closes, not for Redis
+            drainer.closed()
+            metrics.SESSIONS.dec()
+            state.connection_closed()
             try:
                 if ended is not None:
-                    await store.save(ended.config, ended.history, ended.tenant)
-            except Exception:  # the session's end is counted whatever its save met
+                    async with asyncio.timeout(FINAL_SAVE_WAIT_S):
+                        await store.save(ended.config, ended.history, ended.tenant)
+            except Exception:  # a frozen Redis included: the session is over either way
                 log.exception("session %s could not be saved", config.id)
             finally:
                 if session_ended.get(config.id) is saved:
                     del session_ended[config.id]
                 saved.set()
-                drainer.closed()
-                metrics.SESSIONS.dec()
-                state.connection_closed()
 
     async def take_over(session_id: str) -> bool:
         """A reconnect with the id of a session still open here (its client's network

@@ -45,7 +45,7 @@ class TwilioSettings(BaseModel):
     upgrade), not yet started: at most this many at once, and none of them holds a seat of
     `VA_GATEWAY__MAX_SESSIONS` until its credential has passed (an anonymous socket must
     not take a caller's place)."""
-    max_unverified_per_address: int = Field(default=2, ge=1, le=10_000)
+    max_unverified_per_address: int = Field(default=4, ge=1, le=10_000)
     """Of those, at most this many from one peer address (an IPv6 address's /64), as the
     server sees it, unless the upgrade carries Twilio's signature (`auth_token`): one host
     cannot fill `max_unverified`."""

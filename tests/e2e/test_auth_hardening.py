@@ -21,8 +21,10 @@ import pytest
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
+from services.common.auth.api_keys import KeyStore
 from services.common.auth.credentials import APP_SUBPROTOCOL, TOKEN_SUBPROTOCOL
 from services.common.auth.settings import AuthSettings
+from services.common.bus.connection import connect as redis_connect
 from services.common.redact import install_redaction
 from services.gateway.app import create_app as gateway_app
 from services.gateway.settings import GatewaySettings
@@ -150,6 +152,27 @@ async def test_revoking_a_key_ends_the_connections_it_opened(stack: AuthStack) -
         await unrelated.send(json.dumps({"type": "conversation.text", "text": "still here"}))
         async with asyncio.timeout(10):
             while not (isinstance(m := await unrelated.recv(), str) and "response.created" in m):
+                pass
+
+
+async def test_a_key_record_lost_with_redis_is_not_a_revocation(stack: AuthStack) -> None:
+    """A Redis that lost a key's record (restarted empty, a replica promoted without it)
+    does not end the key's open connections: only a revocation does (the next upgrade
+    checks the key again)."""
+    key_id, key = await new_key(stack.redis, "lost-co")
+    async with session(f"{stack.gateway.ws}/v1/stream", additional_headers=bearer(key)) as (
+        ws,
+        _,
+    ):
+        client = redis_connect(stack.redis)
+        try:
+            await client.delete(KeyStore(client, stack.redis.prefix)._key(key_id))
+        finally:
+            await client.aclose()
+        await asyncio.sleep(2.0)  # four renewals (FAST): a wait for what must not happen
+        await ws.send(json.dumps({"type": "conversation.text", "text": "still here"}))
+        async with asyncio.timeout(10):
+            while not (isinstance(m := await ws.recv(), str) and "response.created" in m):
                 pass
 
 

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+from pathlib import Path
 
 import httpx
 import pytest
@@ -16,10 +19,12 @@ from redis.asyncio import Redis
 from services.common.auth.credentials import is_loopback
 from services.common.auth.guard import AuthGuard
 from services.common.auth.settings import AuthSettings
+from services.common.bus.settings import RedisSettings
 from services.gateway.admission import AdmissionSettings
 from services.gateway.app import create_app
 from services.gateway.settings import GatewaySection, GatewaySettings
 from services.ops.cli import main as cli_main
+from services.ops.redis_server import free_port, start_redis
 from services.tts.app import create_app as tts_app
 from services.tts.settings import TtsSettings
 from tests.conftest import RedisProc
@@ -152,3 +157,30 @@ def test_with_auth_on_the_drain_needs_no_key_from_this_host_only(
     scope = {"type": "http", "path": "/admin/drain", "client": client}
     assert guard._open("/admin/drain", scope) is open_
     assert guard._open("/v1/stream", scope) is False
+
+
+async def test_a_drain_with_redis_frozen_ends_when_its_sessions_are_closed(
+    tmp_path: Path,
+) -> None:
+    """Redis stopped (SIGSTOP) under three open sessions: each gets its 1012 once its save
+    has had its short wait, and the drain answers 200 with none left (it used to wait out
+    `wait_s` and answer 504: each session's own last save, with no bound, came before it
+    counted as closed)."""
+    port = free_port()
+    redis = start_redis(port, tmp_path)
+    bus = RedisSettings(url=f"redis://127.0.0.1:{port}/0", prefix="frozen")
+    settings = GatewaySettings(profile="fake", redis=bus, gateway=UNMETERED)
+    try:
+        with ServerThread(create_app(settings)) as gw:
+            opened = [await _open(f"{gw.ws}/v1/stream") for _ in range(3)]
+            os.kill(redis.pid, signal.SIGSTOP)
+            async with httpx.AsyncClient(base_url=gw.http, timeout=120) as http:
+                reply = await http.post("/admin/drain?grace_s=0.3&wait_s=60")
+            assert reply.status_code == 200 and reply.json()["remaining"] == 0, reply.text
+            for ws, _ in opened:
+                assert (await _until_closed(ws))[1] == 1012
+            os.kill(redis.pid, signal.SIGCONT)
+    finally:
+        os.kill(redis.pid, signal.SIGCONT)
+        redis.kill()
+        redis.wait(10)

@@ -52,7 +52,9 @@ def gateways(redis_server: RedisProc) -> Iterator[Gateways]:
         section = GatewaySection(tts_url=None, twilio=twilio)
         return gateway_app(GatewaySettings(profile="fake", redis=redis, auth=AUTH, gateway=section))
 
-    signed_app = gateway(TwilioSettings(auth_token=TWILIO_TOKEN, public_url=PUBLIC_URL))
+    signed_app = gateway(
+        TwilioSettings(auth_token=TWILIO_TOKEN, public_url=PUBLIC_URL, max_unverified_per_address=2)
+    )
     open_app = gateway(TwilioSettings(max_unverified_per_address=2))
     with ServerThread(signed_app) as signed, ServerThread(open_app) as opened:
         yield Gateways(signed, signed_app, opened, open_app, key)

@@ -201,6 +201,16 @@ def test_redaction_sees_through_percent_encoding() -> None:
     assert redact("100% of %41 stays") == "100% of %41 stays"
 
 
+def test_decoding_for_redaction_writes_no_line_of_its_own() -> None:
+    """A path that decodes to a credential and a newline: the credential goes, and the
+    newline stays escaped (decoded, it would start a log line the client wrote)."""
+    forged = "%0A2026-05-09 12:00:00 INFO admin key rotated by ops"
+    line = f'1.2.3.4:5 - "WebSocket /v1/stream/access_token%3Dsecret.x.y{forged}" 403'
+    cleaned = redact(line)
+    assert "\n" not in cleaned and "\r" not in cleaned and "%0A2026" in cleaned, cleaned
+    assert "access_token=[redacted]" in cleaned
+
+
 @pytest.fixture
 def keys_redis(redis_server: RedisProc, monkeypatch: pytest.MonkeyPatch) -> None:
     """`voice-agent keys` on a Redis (and a prefix) of this test's own."""

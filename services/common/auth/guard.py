@@ -310,13 +310,18 @@ class AuthGuard:
             await asyncio.sleep(self.settings.lease_renew_s)
             try:
                 await self.limiter.renew_session(principal.tenant, lease)
-                if principal.key_id is not None:
-                    await self.keys.active(principal.key_id)
-            except Unauthorized:
-                await self._revoked(principal, cutoff)
-                return
+                if principal.key_id is not None and await self._revoked_key(principal.key_id):
+                    await self._revoked(principal, cutoff)
+                    return
             except REDIS_FAILED as exc:  # out of reach, or refusing (OOM)
                 log.warning("could not renew a session lease: %s", exc)
+
+    async def _revoked_key(self, key_id: str) -> bool:
+        """Whether the key is marked revoked. A record not found is not a revocation: a
+        Redis that lost it (restarted empty, a replica promoted without it) would otherwise
+        cut every open connection of every key; the next upgrade checks it again."""
+        found = await self.keys.get(key_id)
+        return found is not None and found[0].revoked_at is not None
 
     async def _revoked(self, principal: Principal, cutoff: Cutoff | None) -> None:
         exc = Unauthorized("the API key of this connection was revoked")

@@ -30,6 +30,7 @@ from redis.asyncio.sentinel import (
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import (
     ClusterDownError,
+    OutOfMemoryError,
     ReadOnlyError,
     RedisError,
     ResponseError,
@@ -53,6 +54,7 @@ REDIS_DOWN = (
     RedisConnectionError,
     RedisTimeoutError,
     ClusterDownError,
+    OutOfMemoryError,
     TryAgainError,
     ReadOnlyError,
     NoReplicasError,
@@ -63,10 +65,11 @@ master refusing writes it could not replicate)."""
 REDIS_FAILED = (RedisError, OSError)
 """Redis out of reach (REDIS_DOWN) or refusing what it was asked (OOM, NOAUTH, a wrong
 type): what a caller that can go on without the write catches."""
-PASSING_REFUSALS = ("UNBLOCKED", "MASTERDOWN", "LOADING", "BUSY ", "OOM ", "NOGROUP")
-"""Refusals that pass by themselves: a blocked read cut off by a demotion (REPLICAOF, a
-planned CLUSTER FAILOVER), a replica cut off from its master, data still loading, a script
-running, memory full, a group lost with a failed-over master (recreated by the workers)."""
+PASSING_REFUSALS = ("UNBLOCKED", "MASTERDOWN", "LOADING", "BUSY ", "NOGROUP")
+"""Refusals that pass by themselves, by their text: a blocked read cut off by a demotion
+(REPLICAOF, a planned CLUSTER FAILOVER), a replica cut off from its master, data still
+loading, a script running, a group lost with a failed-over master (recreated by the
+workers). Memory full passes too: `OutOfMemoryError` (redis-py strips its OOM prefix)."""
 _RETRIED = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, NoReplicasError)
 """What a command is retried on (with backoff) before the error reaches the caller."""
 
@@ -209,7 +212,7 @@ def out_of_reach(exc: BaseException) -> bool:
     """Whether a retry of what raised `exc` can succeed: Redis out of reach (`REDIS_DOWN`)
     or a refusal that passes by itself (`PASSING_REFUSALS`). Any other refusal (WRONGTYPE,
     a bad argument) would meet the same answer again: not a reason to retry."""
-    if isinstance(exc, REDIS_DOWN):
+    if isinstance(exc, (*REDIS_DOWN, OutOfMemoryError)):  # redis-py strips OOM's prefix
         return True
     if not isinstance(exc, ResponseError):
         return False
