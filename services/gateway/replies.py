@@ -5,6 +5,10 @@ prepared on the pause's speculative transcript when the turn ended there with th
 words on the same history, else a new one. It also keeps the turn the end-of-turn policy
 holds (the user may go on) until its hold runs out, and routes TTS results to the reply
 they belong to. The history it answers is the session's own list (read, never changed).
+
+Replies follow one another: a reply begins once the one before has ended and its client
+was told (its `response.done` comes before the next `response.created`, and its turns are
+in the history the next one answers), however it ended.
 """
 
 from __future__ import annotations
@@ -60,6 +64,9 @@ class Replies:
         self.config = config
         self.history = history
         self.current: Reply | None = None
+        self._last: Reply | None = None
+        """The reply that played last (it may still be ending: cancelled by another task,
+        or finishing on its own)."""
         self._prepared: _Prepared | None = None
         self._held: _Held | None = None
         self._went_on_from: Reply | None = None
@@ -120,8 +127,11 @@ class Replies:
 
     def _answers(self, prepared: _Prepared, utterance_id: str | None) -> bool:
         """Whether a prepared reply answers the turn that just ended: the same utterance,
-        the same words, on the same history (nothing else was said since)."""
+        the same words, on the same history (nothing else was said since), with the
+        session's settings as they are now (no `session.update` since)."""
         if prepared.utterance_id != utterance_id or not self.history:
+            return False
+        if prepared.reply.config != self.config():
             return False
         before = self.history[-2] if len(self.history) > 1 else None
         return self.history[-1] == Turn("user", prepared.text) and before is prepared.before
@@ -145,7 +155,7 @@ class Replies:
         if fixed_text is None and prepared is not None and self._answers(prepared, utterance_id):
             metrics.PREPARED_REPLIES.labels("used").inc()
             metrics.PREPARED_TTS_SECONDS.labels("used").inc(prepared.reply.audio_seconds)
-            self.current = prepared.reply
+            self.current = self._last = prepared.reply
             await prepared.reply.release(utterance_id, speech_end_at)
             return
         await _discard(prepared)
@@ -157,14 +167,18 @@ class Replies:
             source = respond(chosen, list(self.history), config)
             agent = config.agent
         reply = Reply(self.context, config, source, agent, utterance_id, speech_end_at)
-        self.current = reply
+        self.current = self._last = reply
         await reply.start()
 
     async def cancel(self) -> None:
-        """Stop the reply playing (the user keeps what they heard)."""
+        """Stop the reply playing (the user keeps what they heard); returns once the last
+        reply has ended and its client was told, also when it was ending already."""
         reply, self.current = self.current, None
         if reply is not None:
             await reply.cancel()
+        last = self._last
+        if last is not None and last.done:
+            await last.ended.wait()
 
     def cut_off(self) -> bool:
         """Whether the words now heard go on from a turn answered too soon: the user spoke

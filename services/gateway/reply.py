@@ -6,7 +6,12 @@ is reordered and played at real time plus a lead. A reply can be started *held*:
 prepares everything (agent text, first TTS pieces) but sends nothing to the client until
 `release`; `discard` then drops it without a trace (the reply prepared during a pause,
 when the user goes on). `cancel` stops a reply the user heard part of (barge-in, a
-client's cancel) and returns what was heard.
+client's cancel) and returns what was heard; `stop` (the session ends) keeps what was
+heard in the history and tells the client nothing.
+
+However it ends, a reply ends once: from then on it sends nothing and starts nothing (a
+cancel that lands while `response.created` is being written leaves no agent running), its
+tasks stop and its TTS jobs are cancelled; `ended` is set once its client was told.
 """
 
 from __future__ import annotations
@@ -91,6 +96,11 @@ class ReplyContext:
 class _Playout:
     started: float | None = None
     sent_bytes: int = 0
+    anchor: float | None = None
+    """When the audio playing now started at the client: the first frame, or the first
+    after the client's buffer ran dry (the agent's text paused longer than the audio)."""
+    anchor_bytes: int = 0
+    """Audio sent before `anchor` (all of it played by then)."""
     first_tts_at: float | None = None
     confirmed_bytes: int = 0
     """What the client said has played (`Reply.played`)."""
@@ -119,10 +129,18 @@ class Reply:
     playout: _Playout = field(default_factory=_Playout)
     tool_turns: list[Turn] = field(default_factory=list)
     """The agent's tool calls and their results, for the history (before its spoken turn)."""
+    tool_results: list[Turn] = field(default_factory=list)
+    """Results of its client calls that came before it ended: they follow its turns."""
+    recorded: bool = False
+    """Its turns went to the history (`ReplyContext.record`): a tool result now follows."""
+    ended: asyncio.Event = field(init=False)
+    """Set once it has ended and its client was told (or it was dropped, or stopped)."""
     _waiting: list[Event | VoiceAgentError] = field(default_factory=list)
+    _releasing: bool = False
 
     def __post_init__(self) -> None:
         self.audio = ResponseAudio(self.id)
+        self.ended = asyncio.Event()
 
     @property
     def audio_seconds(self) -> float:
@@ -137,34 +155,46 @@ class Reply:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self, held: bool = False) -> None:
-        """Produce text and audio; unless `held`, tell the client and play as audio comes."""
+        """Produce text and audio; unless `held`, tell the client and play as audio comes.
+        A reply that ended while its `response.created` was being written starts nothing."""
         self.held = held
         await self._emit(ResponseCreated(response_id=self.id, utterance_id=self.utterance_id))
+        if self.done:
+            return
         self.tasks.append(self.ctx.spawn(self._produce(), "produce"))
         if not held:
             self.tasks.append(self.ctx.spawn(self._play(), "play"))
 
     async def release(self, utterance_id: str | None, speech_end_at: float | None) -> None:
-        """A held reply goes out: what it prepared is sent, then played."""
+        """A held reply goes out: what it prepared is sent, in order (what it makes
+        meanwhile queues behind), then played; a cancel meanwhile ends the sending."""
         if not self.held or self.done:
             return
         self.held = False
         self.utterance_id, self.speech_end_at = utterance_id, speech_end_at
-        waiting, self._waiting = self._waiting, []
-        for item in waiting:
-            if isinstance(item, ResponseCreated):
-                item = item.model_copy(update={"utterance_id": utterance_id})
-            await self._emit(item)
-        self.tasks.append(self.ctx.spawn(self._play(), "play"))
+        self._releasing = True
+        try:
+            while self._waiting and not self.done:
+                item = self._waiting.pop(0)
+                if isinstance(item, ResponseCreated):
+                    item = item.model_copy(update={"utterance_id": utterance_id})
+                await self._send(item)
+        finally:
+            self._releasing = False
+        if not self.done:
+            self.tasks.append(self.ctx.spawn(self._play(), "play"))
 
     async def discard(self) -> None:
         """Drop a held reply: its work stops and nothing of it reaches the client."""
         if self.done:
             return
         self.done = True
-        self._waiting.clear()
-        self._stop_tasks()
-        await self.ctx.bus.cancel(self.id)
+        try:
+            self._waiting.clear()
+            self._stop_tasks()
+            await self.ctx.bus.cancel(self.id)
+        finally:
+            self.ended.set()
 
     async def cancel(self) -> None:
         """Stop it end to end; the user keeps only what they heard."""
@@ -174,23 +204,38 @@ class Reply:
             await self.discard()
             return
         self.done = self.cancelled = True
-        self._stop_tasks()
-        await self.ctx.bus.cancel(self.id)
-        heard = self.audio.heard_text(self._heard_bytes())
-        await self.ctx.record(self, "cancelled", heard)
-        if self.playout.sent_bytes:
-            await self.ctx.output.send(OutputAudioClear(response_id=self.id))
-        await self.ctx.output.send(
-            ResponseDone(response_id=self.id, status="cancelled", text=heard)
-        )
-        metrics.RESPONSES.labels("cancelled").inc()
-        await self.ctx.finished(self, "cancelled", heard)
+        try:
+            self._stop_tasks()
+            await self.ctx.bus.cancel(self.id)
+            heard = self.audio.heard_text(self._heard_bytes())
+            await self._record("cancelled", heard)
+            if self.playout.sent_bytes:
+                await self.ctx.output.send(OutputAudioClear(response_id=self.id))
+            await self.ctx.output.send(
+                ResponseDone(response_id=self.id, status="cancelled", text=heard)
+            )
+            metrics.RESPONSES.labels("cancelled").inc()
+            await self.ctx.finished(self, "cancelled", heard)
+        finally:
+            self.ended.set()
 
     async def stop(self) -> None:
-        """The session ends: the workers stop this reply's jobs."""
-        if not self.done:
-            self.done = True
+        """The session ends (its client left, or resumes it on another connection): the
+        work and the TTS jobs stop, and a reply its client was answered with is kept as
+        cut here (what was heard of it, its tool turns), for the session's last save.
+        Nothing is sent."""
+        if self.done:
+            return
+        self.done = True
+        try:
+            self._stop_tasks()
+            if not self.held:
+                self.cancelled = True
+                await self._record("cancelled", self.audio.heard_text(self._heard_bytes()))
+                metrics.RESPONSES.labels("cancelled").inc()
             await self.ctx.bus.cancel(self.id)
+        finally:
+            self.ended.set()
 
     def _stop_tasks(self) -> None:
         current = asyncio.current_task()
@@ -198,11 +243,22 @@ class Reply:
             if task is not current:
                 task.cancel()
 
+    async def _record(self, status: Status, text: str) -> None:
+        self.recorded = True
+        await self.ctx.record(self, status, text)
+
     async def _emit(self, item: Event | VoiceAgentError) -> None:
-        """To the client, or kept until release while held."""
-        if self.held:
+        """To the client, or kept until release while held (or while what was kept is
+        being sent); nothing once it has ended."""
+        if self.done:
+            return
+        if self.held or self._releasing:
             self._waiting.append(item)
-        elif isinstance(item, VoiceAgentError):
+        else:
+            await self._send(item)
+
+    async def _send(self, item: Event | VoiceAgentError) -> None:
+        if isinstance(item, VoiceAgentError):
             await self.ctx.output.send_error(item)
         else:
             await self.ctx.output.send(item)
@@ -316,6 +372,9 @@ class Reply:
                 continue
             if self.audio.complete:
                 break
+            if not self.audio.awaiting_audio:  # the agent's text is late: its own limits
+                await self.audio.changed.wait()
+                continue
             if not await set_within(self.audio.changed, self.ctx.settings.tts_timeout_s):
                 await self.ctx.output.send_error(TtsUnavailable("no TTS audio arrived in time"))
                 await self._finish("failed")
@@ -337,25 +396,45 @@ class Reply:
             if self.speech_end_at is not None:
                 metrics.VOICE_TO_VOICE.observe(now - self.speech_end_at)
                 self.ctx.voice_to_voice(now - self.speech_end_at)
-        sent_s = playout.sent_bytes / (2 * rate)
-        due = playout.started + sent_s - self.ctx.settings.output_lead_ms / 1000
+        if now >= self._played_out_at(rate):
+            playout.anchor, playout.anchor_bytes = now, playout.sent_bytes  # buffer ran dry
+        due = self._played_out_at(rate) - self.ctx.settings.output_lead_ms / 1000
         if due > now:
             await asyncio.sleep(due - now)
         await self.ctx.output.send_audio(frame, self.config.output_format)
         playout.sent_bytes += len(frame)
 
+    def _played_out_at(self, rate: int) -> float:
+        """When the client will have played all audio sent so far (paced from `anchor`;
+        with none sent yet, it has)."""
+        playout = self.playout
+        if playout.anchor is None:
+            return float("-inf")
+        return playout.anchor + (playout.sent_bytes - playout.anchor_bytes) / (2 * rate)
+
     async def _finish(self, status: Status) -> None:
+        """It played to its end, or failed: its work stops; the user keeps what was said
+        (failed: the audio sent, which plays out at the client, and the tools it ran)."""
         if self.done:
             return
         self.done = True
-        rate = self.config.output_sample_rate
-        audio_ms = round(self.playout.sent_bytes * 1000 / (2 * rate))
-        text = self.audio.text
-        await self.ctx.record(self, status, text)
-        await self.ctx.output.send(ResponseAudioDone(response_id=self.id, audio_ms=audio_ms))
-        await self.ctx.output.send(ResponseDone(response_id=self.id, status=status, text=text))
-        metrics.RESPONSES.labels(status).inc()
-        await self.ctx.finished(self, status, text)
+        try:
+            self._stop_tasks()
+            rate = self.config.output_sample_rate
+            audio_ms = round(self.playout.sent_bytes * 1000 / (2 * rate))
+            if status == "completed":
+                text = self.audio.text
+            else:
+                text = self.audio.heard_text(self.playout.sent_bytes)
+            await self._record(status, text)
+            if status != "completed":  # all audio of a completed one came: no job is left
+                await self.ctx.bus.cancel(self.id)
+            await self.ctx.output.send(ResponseAudioDone(response_id=self.id, audio_ms=audio_ms))
+            await self.ctx.output.send(ResponseDone(response_id=self.id, status=status, text=text))
+            metrics.RESPONSES.labels(status).inc()
+            await self.ctx.finished(self, status, text)
+        finally:
+            self.ended.set()
 
     def played(self, played_bytes: int) -> None:
         """The client says its audio has played up to here (a mark came back)."""
@@ -364,12 +443,14 @@ class Reply:
             self.playout.confirmed_bytes = max(self.playout.confirmed_bytes, confirmed)
 
     def _heard_bytes(self) -> int:
-        """Audio that played at the client: what it confirmed, where it confirms; else sent
-        minus what its buffer still held, by the clock."""
+        """Audio that played at the client: what it confirmed, where it confirms; else what
+        was sent and is due by the clock: each frame plays at its scheduled time, at real
+        time from the last time the client's buffer ran dry (`_Playout.anchor`)."""
         if self.ctx.confirms_playout:
             return self.playout.confirmed_bytes
-        if self.playout.started is None:
+        playout = self.playout
+        if playout.anchor is None:
             return 0
         rate = self.config.output_sample_rate
-        played = int((self.ctx.clock() - self.playout.started) * rate) * 2
-        return min(self.playout.sent_bytes, played)
+        played = playout.anchor_bytes + int((self.ctx.clock() - playout.anchor) * rate) * 2
+        return min(playout.sent_bytes, played)

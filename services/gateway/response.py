@@ -82,18 +82,27 @@ class ResponseAudio:
         return self.text_complete and self._seq >= len(self.chunks)
 
     @property
+    def awaiting_audio(self) -> bool:
+        """A chunk sent to TTS has not all its audio yet (the next audio is the TTS's to
+        send, not the agent's text still to come)."""
+        return self._seq < len(self.chunks)
+
+    @property
     def any_failed(self) -> bool:
         return any(chunk.failed for chunk in self.chunks)
 
     @property
     def text(self) -> str:
-        return " ".join(chunk.text for chunk in self.chunks)
+        """What was said: every chunk but those whose TTS failed (never spoken)."""
+        return " ".join(chunk.text for chunk in self.chunks if not chunk.failed)
 
     def heard_text(self, heard_bytes: int) -> str:
         """The text the user heard, given how many audio bytes reached their ears.
 
         Whole chunks heard count fully; within the chunk playing, words are counted in
-        proportion to its audio played (its length known once TTS finished it).
+        proportion to its audio played (its length known once TTS finished it). A chunk
+        whose TTS failed counts no words (what it played before failing, if anything, still
+        takes its place in the audio).
         """
         words: list[str] = []
         left = heard_bytes
@@ -101,6 +110,9 @@ class ResponseAudio:
             if left <= 0:
                 break
             produced = chunk.sent_bytes + sum(len(a) for a in chunk.audio.values())
+            if chunk.failed:
+                left -= produced
+                continue
             chunk_words = chunk.text.split()
             if chunk.total is not None and left >= produced:
                 words.extend(chunk_words)

@@ -134,6 +134,8 @@ class Session:
         )
         self._frames = ReadAhead()
         """The client's frames, read ahead of their handling (serve)."""
+        self._ending = False
+        """The connection is ending: the session's last save is its gateway's (app.py)."""
 
     # ------------------------------------------------------------------ client inputs
 
@@ -335,11 +337,16 @@ class Session:
     # ------------------------------------------------------------------ replies
 
     async def _reply_record(self, reply: Reply, status: Status, text: str) -> None:
-        """A reply is ending (its client not yet told): the agent's turn is what the user
-        heard of it (with the tool calls it made and their results), saved first."""
-        turns = reply_turns(text if status in ("completed", "cancelled") else "", reply.tool_turns)
-        if turns:
-            self.history += turns  # in place: Replies reads the same list
+        """A reply is ending (its client not yet told), however it ends: the agent's turn
+        is what the user heard of it (with the tool calls it made and their results), saved
+        first; while the session ends, its gateway's last save keeps it."""
+        turns = [*reply_turns(text, reply.tool_turns), *reply.tool_results]
+        if not turns:
+            return
+        self.history += turns  # in place: Replies reads the same list
+        if self._ending:
+            keep_recent(self.history, self.settings.history_max_turns)
+        else:
             await self._save()
 
     async def _reply_ended(self, reply: Reply, status: Status, text: str) -> None:
@@ -347,14 +354,21 @@ class Session:
         self.replies.ended(reply)
 
     async def _tool_result(self, result: ConversationToolResult) -> None:
-        """A client tool's output joins the history; the client's `response.create` next
-        lets the agent answer with it."""
+        """A client tool's output joins the history, after its call: a call of the reply
+        still under way (its turns not yet in the history) takes it with its own turns. The
+        client's `response.create` next lets the agent answer with it."""
         current = self.replies.current
-        pending = current.tool_turns if current is not None else []
+        pending = current.tool_turns if current is not None and not current.recorded else []
         calls = {c.id for turn in [*self.history, *pending] for c in turn.tool_calls}
         if result.call_id not in calls:
             raise InvalidMessage(f"no function call {result.call_id!r} in this conversation")
-        self.history.append(Turn("tool", result.output, call_id=result.call_id))
+        turn = Turn("tool", result.output, call_id=result.call_id)
+        if current is not None and any(
+            c.id == result.call_id for t in pending for c in t.tool_calls
+        ):
+            current.tool_results.append(turn)  # recorded with the reply, after its call
+            return
+        self.history.append(turn)
         await self._save()
 
     # ------------------------------------------------------------------ bus results
@@ -395,6 +409,9 @@ class Session:
         return task
 
     async def _stop(self) -> None:
+        """The connection ends (the client left, closed, or resumes on another connection):
+        the reply under way is kept as heard so far, for the last save that follows."""
+        self._ending = True
         self.hearing.stop()
         await self.replies.stop()
         for task in list(self._children):

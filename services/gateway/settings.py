@@ -110,7 +110,9 @@ class GatewaySection(BaseModel):
     asr_timeout_s: float = Field(default=15.0, ge=0.5, le=300)
     """An utterance without a transcript after this long is reported `asr_unavailable`."""
     tts_timeout_s: float = Field(default=15.0, ge=0.5, le=300)
-    """A response whose next audio is this late fails with `tts_unavailable`."""
+    """A response whose TTS has not answered a piece of its text for this long fails with
+    `tts_unavailable` (counted only while a piece sent to TTS waits for its audio: an agent
+    slow to say more is bounded by its own timeouts, e.g. `VA_LLM__*`)."""
     first_chunk_words: int = Field(default=6, ge=1, le=100)
     """The first text chunk sent to TTS is cut at a clause once it has this many words."""
     first_chunk_phrase: bool = True
