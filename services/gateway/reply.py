@@ -206,9 +206,11 @@ class Reply:
         self.done = self.cancelled = True
         try:
             self._stop_tasks()
-            await self.ctx.bus.cancel(self.id)
-            heard = self.audio.heard_text(self._heard_bytes())
+            # recorded first, with no wait before it: the session may end (and cancel the
+            # task running this) while the TTS jobs' cancel waits on Redis
+            heard = self.audio.heard_text(self._heard_bytes(), self.config.output_sample_rate)
             await self._record("cancelled", heard)
+            await asyncio.shield(self.ctx.bus.cancel(self.id))
             if self.playout.sent_bytes:
                 await self.ctx.output.send(OutputAudioClear(response_id=self.id))
             await self.ctx.output.send(
@@ -231,7 +233,8 @@ class Reply:
             self._stop_tasks()
             if not self.held:
                 self.cancelled = True
-                await self._record("cancelled", self.audio.heard_text(self._heard_bytes()))
+                rate = self.config.output_sample_rate
+                await self._record("cancelled", self.audio.heard_text(self._heard_bytes(), rate))
                 metrics.RESPONSES.labels("cancelled").inc()
             await self.ctx.bus.cancel(self.id)
         finally:
@@ -425,7 +428,7 @@ class Reply:
             if status == "completed":
                 text = self.audio.text
             else:
-                text = self.audio.heard_text(self.playout.sent_bytes)
+                text = self.audio.heard_text(self.playout.sent_bytes, rate)
             await self._record(status, text)
             if status != "completed":  # all audio of a completed one came: no job is left
                 await self.ctx.bus.cancel(self.id)

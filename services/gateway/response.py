@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import Final
+
+SECONDS_PER_WORD: Final = 0.4
+"""How long a word takes to say (150 a minute), for the share heard of a sentence whose
+audio is not all made yet when nothing of the response is finished to measure it by."""
 
 
 @dataclass
@@ -96,14 +101,18 @@ class ResponseAudio:
         """What was said: every chunk but those whose TTS failed (never spoken)."""
         return " ".join(chunk.text for chunk in self.chunks if not chunk.failed)
 
-    def heard_text(self, heard_bytes: int) -> str:
+    def heard_text(self, heard_bytes: int, rate: int | None = None) -> str:
         """The text the user heard, given how many audio bytes reached their ears.
 
         Whole chunks heard count fully; within the chunk playing, words are counted in
-        proportion to its audio played (its length known once TTS finished it). A chunk
-        whose TTS failed counts no words (what it played before failing, if anything, still
-        takes its place in the audio).
+        proportion to its audio played: of its length once TTS finished it, else of the
+        length its words will take (at the finished chunks' bytes per word, or, with none
+        and the PCM16 `rate` given, at `SECONDS_PER_WORD`), never less than what came: a
+        chunk cut short (a cancel, a TTS that stalled) does not count as said whole. A
+        chunk whose TTS failed counts no words (what it played before failing, if
+        anything, still takes its place in the audio).
         """
+        per_word = self._bytes_per_word(rate)
         words: list[str] = []
         left = heard_bytes
         for chunk in self.chunks:
@@ -118,7 +127,20 @@ class ResponseAudio:
                 words.extend(chunk_words)
                 left -= produced
                 continue
-            share = min(1.0, left / produced) if produced else 0.0
+            length = produced
+            if chunk.total is None and per_word is not None:  # still being made
+                length = max(produced, round(len(chunk_words) * per_word))
+            share = min(1.0, left / length) if length else 0.0
             words.extend(chunk_words[: int(len(chunk_words) * share)])
             break
         return " ".join(words)
+
+    def _bytes_per_word(self, rate: int | None) -> float | None:
+        """Audio bytes a word takes in this response: from its finished chunks, else from
+        the speaking rate at `rate` (None: neither known)."""
+        done = [c for c in self.chunks if c.total is not None and not c.failed and c.text.split()]
+        spoken = sum(c.sent_bytes + sum(len(a) for a in c.audio.values()) for c in done)
+        said = sum(len(c.text.split()) for c in done)
+        if spoken and said:
+            return spoken / said
+        return None if rate is None else 2 * rate * SECONDS_PER_WORD

@@ -579,3 +579,82 @@ async def test_a_client_tool_result_before_the_response_ends_follows_its_call() 
         Turn("agent", "", tool_calls=(WEATHER,)),
         Turn("tool", "sunny", call_id="call_7"),
     ]
+
+
+class _Counts:
+    """An agent that says one long sentence."""
+
+    name = "echo"
+    prepare_safe = True
+
+    async def respond(
+        self,
+        history: list[Turn],
+        instructions: str | None = None,
+        client_tools: ClientTools | None = None,
+    ) -> AsyncIterator[AgentOutput]:
+        yield "One two three four five six seven eight nine ten eleven twelve thirteen."
+
+
+@on_virtual_time
+async def test_a_reply_cancelled_as_the_session_ends_is_kept_as_heard() -> None:
+    """Another task cancels the reply (a transcript over it) and waits on Redis for its TTS
+    jobs' cancel when the client hangs up: what was heard is in the history all the same,
+    and the jobs are cancelled (the record used to come after that wait, and was lost with
+    the task)."""
+    store = _Saves()
+    async with running_session(
+        agents={**AGENTS, "echo": _Counts}, store=cast(SessionStore, store), cancel_delay_s=0.5
+    ) as h:
+        await h.send({"type": "conversation.text", "text": "count"})
+        await until(lambda: h.audio_bytes() >= 2 * BYTES_PER_S)
+        reply = h.session.replies.current
+        assert reply is not None
+        h.session._spawn(h.session.replies.cancel(), "transcript-over-it")
+        await until(lambda: reply.done)
+    said = [t for t in h.session.history if t.role == "agent"]
+    assert said and said[0].text.startswith("One two"), h.session.history
+    await until(lambda: h.bus.is_cancelled(reply.id))  # the cancel went on (shielded)
+
+
+class _Stalls:
+    """An agent with a greeting, then a long sentence whose TTS stalls after two pieces."""
+
+    name = "echo"
+    prepare_safe = True
+
+    async def respond(
+        self,
+        history: list[Turn],
+        instructions: str | None = None,
+        client_tools: ClientTools | None = None,
+    ) -> AsyncIterator[AgentOutput]:
+        yield "Hi. The answer is forty two and it is a very long sentence indeed."
+
+
+@on_virtual_time
+async def test_a_sentence_cut_short_by_a_tts_stall_is_not_said_whole() -> None:
+    """The TTS makes two 200 ms pieces of a 14-word sentence, then nothing: the reply fails,
+    and its text and history hold at most the words those pieces can carry (the whole
+    sentence used to be reported as said: its length was taken to be what had come)."""
+    original = FakeBus._synthesize
+
+    async def synthesize(bus: FakeBus, job: TtsJob) -> None:
+        if job.seq == 0:
+            await original(bus, job)
+            return
+        await asyncio.sleep(bus.tts_first_s)
+        for index in range(2):
+            bus.deliver(job.chunk(index), tone(bus.tts_piece_ms, job.sample_rate))
+            await asyncio.sleep(bus.tts_chunk_s)
+        await asyncio.Event().wait()  # stalled
+
+    FakeBus._synthesize = synthesize  # type: ignore[method-assign]
+    try:
+        async with running_session(agents={**AGENTS, "echo": _Stalls}) as h:
+            await h.send({"type": "conversation.text", "text": "q"})
+            done = await h.wait_for("response.done")
+    finally:
+        FakeBus._synthesize = original  # type: ignore[method-assign]
+    assert done["status"] == "failed"
+    assert done["text"].startswith("Hi.") and "indeed" not in done["text"], done
