@@ -375,8 +375,14 @@ class Reply:
                 continue
             if self.audio.complete:
                 break
-            if not self.audio.awaiting_audio:  # the agent's text is late: its own limits
-                await self.audio.changed.wait()
+            if not self.audio.awaiting_audio:  # the agent's text is late
+                idle_s = self.ctx.settings.agent_idle_timeout_s
+                if not await set_within(self.audio.changed, idle_s):
+                    await self.ctx.output.send_error(
+                        AgentFailed(f"the agent said nothing more for {idle_s:g} s")
+                    )
+                    await self._finish("failed")
+                    return
                 continue
             if not await set_within(self.audio.changed, self.ctx.settings.tts_timeout_s):
                 await self.ctx.output.send_error(TtsUnavailable("no TTS audio arrived in time"))

@@ -113,6 +113,10 @@ class GatewaySection(BaseModel):
     """A response whose TTS has not answered a piece of its text for this long fails with
     `tts_unavailable` (counted only while a piece sent to TTS waits for its audio: an agent
     slow to say more is bounded by its own timeouts, e.g. `VA_LLM__*`)."""
+    agent_idle_timeout_s: float = Field(default=60.0, ge=1, le=3600)
+    """A response whose agent has said nothing more for this long, with no audio owed by
+    TTS, fails with `agent_failed` (what was said stays): the last bound on an agent that
+    stalls without ending (the `openai` agent's own, `VA_LLM__*_TIMEOUT_S`, come first)."""
     first_chunk_words: int = Field(default=6, ge=1, le=100)
     """The first text chunk sent to TTS is cut at a clause once it has this many words."""
     first_chunk_phrase: bool = True

@@ -658,3 +658,34 @@ async def test_a_sentence_cut_short_by_a_tts_stall_is_not_said_whole() -> None:
         FakeBus._synthesize = original  # type: ignore[method-assign]
     assert done["status"] == "failed"
     assert done["text"].startswith("Hi.") and "indeed" not in done["text"], done
+
+
+class _Hangs:
+    """An agent that says one sentence, then neither speaks nor ends."""
+
+    name = "echo"
+    prepare_safe = True
+
+    async def respond(
+        self,
+        history: list[Turn],
+        instructions: str | None = None,
+        client_tools: ClientTools | None = None,
+    ) -> AsyncIterator[AgentOutput]:
+        yield "Let me look that up. One"  # the sentence goes to TTS once more text follows
+        await asyncio.Event().wait()
+        yield "never said"
+
+
+@on_virtual_time
+async def test_an_agent_that_stalls_without_ending_fails_its_reply() -> None:
+    """No audio owed by TTS and nothing more from the agent for `agent_idle_timeout_s`: the
+    reply fails with `agent_failed`, keeps what was said, and the session goes on (the TTS
+    timeout used to be the only bound, and no longer counts while TTS owes nothing)."""
+    async with running_session(agents={**AGENTS, "echo": _Hangs}) as h:
+        await h.send({"type": "conversation.text", "text": "look it up"})
+        done = await h.wait_for("response.done", timeout_s=120)  # virtual: 60 s idle
+        assert done["status"] == "failed" and done["text"] == "Let me look that up.", done
+        assert [e["code"] for e in h.of_type("error")] == ["agent_failed"]
+        await h.send({"type": "conversation.text", "text": "and now"})  # it goes on
+        assert (await h.wait_for("response.created", count=2))["type"] == "response.created"
