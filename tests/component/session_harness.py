@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import functools
 import json
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -32,7 +32,7 @@ from services.common.auth.limits import NO_METER, AudioMeter
 from services.common.bus.messages import AsrJob, BusResult, TtsJob
 from services.common.protocol.events import SessionConfig, SessionCreated
 from services.common.service.ws import Channel, Disconnected
-from services.gateway.agent import AGENTS, Agent, Turn
+from services.gateway.agent import AGENTS, Agent, AgentOutput, ClientTools, Turn
 from services.gateway.bus import GatewayBus
 from services.gateway.codec import Codec, NativeCodec, SessionChannel
 from services.gateway.session import Session, SessionServices
@@ -240,6 +240,42 @@ class Harness:
 
     def audio_bytes(self, since: float = 0.0, until: float = float("inf")) -> int:
         return sum(len(a) for t, a in self.socket.audio if since <= t <= until)
+
+
+@contextlib.contextmanager
+def tts_as(synthesize: Callable[[FakeBus, TtsJob], Coroutine[Any, Any, None]]) -> Iterator[None]:
+    """Every FakeBus's TTS is `synthesize` meanwhile (a stall, a failure; it may call the
+    fake's own, taken before: `FakeBus._synthesize`)."""
+    original = FakeBus._synthesize
+    FakeBus._synthesize = synthesize  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        FakeBus._synthesize = original  # type: ignore[method-assign]
+
+
+def scripted(
+    script: Callable[[], AsyncIterator[AgentOutput]], prepare_safe: bool = True
+) -> Callable[[], Agent]:
+    """An agent (as `echo`) that says what `script` yields, whatever it is asked: text, tool
+    calls and their results, pauses (virtual time)."""
+
+    class Scripted:
+        name = "echo"
+
+        def __init__(self) -> None:
+            self.prepare_safe = prepare_safe
+
+        async def respond(
+            self,
+            history: list[Turn],
+            instructions: str | None = None,
+            client_tools: ClientTools | None = None,
+        ) -> AsyncIterator[AgentOutput]:
+            async for step in script():
+                yield step
+
+    return Scripted
 
 
 @asynccontextmanager

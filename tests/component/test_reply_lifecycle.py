@@ -39,8 +39,10 @@ from tests.component.session_harness import (
     Harness,
     on_virtual_time,
     running_session,
+    scripted,
     silence,
     tone,
+    tts_as,
 )
 
 BYTES_PER_S = 32000  # the harness's output: PCM16 at 16 kHz
@@ -181,29 +183,19 @@ async def test_a_prepared_reply_cancelled_while_released_sends_nothing_after_its
 LOOKUP = ToolCall("call_1", "lookup", "{}")
 
 
-class _SlowTool:
+async def _slow_tool() -> AsyncIterator[AgentOutput]:
     """Says a sentence, runs a slow tool (longer than the TTS timeout), then answers."""
-
-    name = "echo"
-    prepare_safe = True
-
-    async def respond(
-        self,
-        history: list[Turn],
-        instructions: str | None = None,
-        client_tools: ClientTools | None = None,
-    ) -> AsyncIterator[AgentOutput]:
-        yield "Let me look that up for you."
-        yield ToolsCalled((LOOKUP,))
-        await asyncio.sleep(19.0)  # a 9 s tool and a 10 s second LLM round
-        yield ToolsAnswered((LOOKUP,), ("42",))
-        yield "The answer is forty two."
+    yield "Let me look that up for you."
+    yield ToolsCalled((LOOKUP,))
+    await asyncio.sleep(19.0)  # a 9 s tool and a 10 s second LLM round
+    yield ToolsAnswered((LOOKUP,), ("42",))
+    yield "The answer is forty two."
 
 
 @on_virtual_time
 async def test_an_agent_slower_than_the_tts_timeout_is_not_a_tts_failure() -> None:
     assert GatewaySection().tts_timeout_s < 19.0
-    async with running_session(agents={**AGENTS, "echo": _SlowTool}) as h:
+    async with running_session(agents={**AGENTS, "echo": scripted(_slow_tool)}) as h:
         await h.send({"type": "conversation.text", "text": "what is it?"})
         done = await h.wait_for("response.done")
     assert h.of_type("error") == []
@@ -216,24 +208,14 @@ async def test_an_agent_slower_than_the_tts_timeout_is_not_a_tts_failure() -> No
     ]
 
 
-class _ToolThenStall:
+async def _tool_then_stall() -> AsyncIterator[AgentOutput]:
     """A sentence, a tool, a second sentence whose TTS never answers, and more text later."""
-
-    name = "echo"
-    prepare_safe = True
-
-    async def respond(
-        self,
-        history: list[Turn],
-        instructions: str | None = None,
-        client_tools: ClientTools | None = None,
-    ) -> AsyncIterator[AgentOutput]:
-        yield "Let me look that up for you."
-        yield ToolsCalled((LOOKUP,))
-        yield ToolsAnswered((LOOKUP,), ("42",))
-        yield "The answer is forty two. Anything"
-        await asyncio.sleep(30.0)
-        yield " else I can do?"
+    yield "Let me look that up for you."
+    yield ToolsCalled((LOOKUP,))
+    yield ToolsAnswered((LOOKUP,), ("42",))
+    yield "The answer is forty two. Anything"
+    await asyncio.sleep(30.0)
+    yield " else I can do?"
 
 
 @on_virtual_time
@@ -244,14 +226,11 @@ async def test_a_reply_whose_tts_times_out_stops_and_keeps_what_was_heard() -> N
         if job.seq == 0:
             await original(bus, job)  # the second sentence is never answered
 
-    FakeBus._synthesize = synthesize  # type: ignore[method-assign]
-    try:
-        async with running_session(agents={**AGENTS, "echo": _ToolThenStall}) as h:
+    with tts_as(synthesize):
+        async with running_session(agents={**AGENTS, "echo": scripted(_tool_then_stall)}) as h:
             await h.send({"type": "conversation.text", "text": "what is it?"})
             done = await h.wait_for("response.done")
             await asyncio.sleep(60)  # the agent's later text would have come by now
-    finally:
-        FakeBus._synthesize = original  # type: ignore[method-assign]
     assert done["status"] == "failed"
     assert [e["code"] for e in h.of_type("error")] == ["tts_unavailable"]
     assert done["text"] == "Let me look that up for you."  # what played
@@ -268,17 +247,8 @@ async def test_a_reply_whose_tts_times_out_stops_and_keeps_what_was_heard() -> N
     ]
 
 
-class _ThreeSentences:
-    name = "echo"
-    prepare_safe = True
-
-    async def respond(
-        self,
-        history: list[Turn],
-        instructions: str | None = None,
-        client_tools: ClientTools | None = None,
-    ) -> AsyncIterator[AgentOutput]:
-        yield "First sentence is here. Second sentence is lost. Third sentence is fine."
+async def _three_sentences() -> AsyncIterator[AgentOutput]:
+    yield "First sentence is here. Second sentence is lost. Third sentence is fine."
 
 
 @on_virtual_time
@@ -292,13 +262,10 @@ async def test_a_sentence_whose_tts_failed_is_not_reported_as_said() -> None:
             await asyncio.sleep(0.05)
             bus.deliver(job.failed("tts_unavailable", "engine crashed"), None)
 
-    FakeBus._synthesize = synthesize  # type: ignore[method-assign]
-    try:
-        async with running_session(agents={**AGENTS, "echo": _ThreeSentences}) as h:
+    with tts_as(synthesize):
+        async with running_session(agents={**AGENTS, "echo": scripted(_three_sentences)}) as h:
             await h.send({"type": "conversation.text", "text": "go"})
             done = await h.wait_for("response.done")
-    finally:
-        FakeBus._synthesize = original  # type: ignore[method-assign]
     said = "First sentence is here. Third sentence is fine."
     assert (done["status"], done["text"]) == ("completed", said)
     assert h.session.history[-1] == Turn("agent", said)
@@ -328,21 +295,11 @@ SENTENCE_1 = "One two three four five."
 REST = " seven eight nine ten eleven twelve thirteen fourteen."
 
 
-class _Gap:
+async def _gap() -> AsyncIterator[AgentOutput]:
     """Its text pauses mid-answer (a stalled LLM), longer than the audio before it."""
-
-    name = "echo"
-    prepare_safe = True
-
-    async def respond(
-        self,
-        history: list[Turn],
-        instructions: str | None = None,
-        client_tools: ClientTools | None = None,
-    ) -> AsyncIterator[AgentOutput]:
-        yield SENTENCE_1 + " Six"
-        await asyncio.sleep(4.0)
-        yield REST
+    yield SENTENCE_1 + " Six"
+    await asyncio.sleep(4.0)
+    yield REST
 
 
 def played_by_client(audio: list[tuple[float, bytes]], until_s: float) -> list[float]:
@@ -359,7 +316,9 @@ def played_by_client(audio: list[tuple[float, bytes]], until_s: float) -> list[f
 @on_virtual_time
 async def test_audio_after_a_pause_in_the_text_is_paced_and_heard_at_its_time() -> None:
     settings = GatewaySection()
-    async with running_session(agents={**AGENTS, "echo": _Gap}, transcripts=["stop"]) as h:
+    async with running_session(
+        agents={**AGENTS, "echo": scripted(_gap)}, transcripts=["stop"]
+    ) as h:
         await h.send({"type": "conversation.text", "text": "count"})
         await until(lambda: len(h.bus.tts_jobs) == 2)  # the text goes on after its pause
         resumed_at = h.bus.tts_jobs[1][0]
@@ -396,19 +355,10 @@ ANSWER = (
 )
 
 
-class _Booking:
-    name = "echo"
-    prepare_safe = False
-
-    async def respond(
-        self,
-        history: list[Turn],
-        instructions: str | None = None,
-        client_tools: ClientTools | None = None,
-    ) -> AsyncIterator[AgentOutput]:
-        yield ToolsCalled((BOOK,))
-        yield ToolsAnswered((BOOK,), ("booked for 2 at 8pm",))
-        yield ANSWER
+async def _booking() -> AsyncIterator[AgentOutput]:
+    yield ToolsCalled((BOOK,))
+    yield ToolsAnswered((BOOK,), ("booked for 2 at 8pm",))
+    yield ANSWER
 
 
 class _Saves:
@@ -424,7 +374,7 @@ class _Saves:
 
 async def _booking_cut(end: Callable[[Harness], Any]) -> tuple[Harness, _Saves]:
     store = _Saves()
-    agents = {**AGENTS, "echo": _Booking}
+    agents = {**AGENTS, "echo": scripted(_booking, prepare_safe=False)}
     async with running_session(agents=agents, store=cast(SessionStore, store)) as h:
         await h.send({"type": "conversation.text", "text": "book a table for two"})
         await until(lambda: h.audio_bytes() >= 3 * BYTES_PER_S)  # 3 s of it went out
@@ -548,25 +498,18 @@ async def test_a_prepared_reply_is_not_used_after_a_session_update() -> None:
 WEATHER = ToolCall("call_7", "get_weather", '{"city": "Paris"}')
 
 
-class _CallsClient:
-    name = "echo"
-    prepare_safe = True
-
-    async def respond(
-        self,
-        history: list[Turn],
-        instructions: str | None = None,
-        client_tools: ClientTools | None = None,
-    ) -> AsyncIterator[AgentOutput]:
-        yield "Let me check the weather for you in Paris right now."
-        yield ToolsCalled((WEATHER,), client=True)
+async def _calls_client() -> AsyncIterator[AgentOutput]:
+    yield "Let me check the weather for you in Paris right now."
+    yield ToolsCalled((WEATHER,), client=True)
 
 
 @on_virtual_time
 async def test_a_client_tool_result_before_the_response_ends_follows_its_call() -> None:
     tool = ToolSpec(type="function", name="get_weather")
     config = SessionConfig(id="sess_test", output_sample_rate=16000, tools=[tool])
-    async with running_session(agents={**AGENTS, "echo": _CallsClient}, config=config) as h:
+    async with running_session(
+        agents={**AGENTS, "echo": scripted(_calls_client)}, config=config
+    ) as h:
         await h.send({"type": "conversation.text", "text": "Weather in Paris?"})
         await h.wait_for("response.function_call")
         assert h.of_type("response.done") == []  # its audio still plays
@@ -581,19 +524,9 @@ async def test_a_client_tool_result_before_the_response_ends_follows_its_call() 
     ]
 
 
-class _Counts:
+async def _counts() -> AsyncIterator[AgentOutput]:
     """An agent that says one long sentence."""
-
-    name = "echo"
-    prepare_safe = True
-
-    async def respond(
-        self,
-        history: list[Turn],
-        instructions: str | None = None,
-        client_tools: ClientTools | None = None,
-    ) -> AsyncIterator[AgentOutput]:
-        yield "One two three four five six seven eight nine ten eleven twelve thirteen."
+    yield "One two three four five six seven eight nine ten eleven twelve thirteen."
 
 
 @on_virtual_time
@@ -604,7 +537,9 @@ async def test_a_reply_cancelled_as_the_session_ends_is_kept_as_heard() -> None:
     the task)."""
     store = _Saves()
     async with running_session(
-        agents={**AGENTS, "echo": _Counts}, store=cast(SessionStore, store), cancel_delay_s=0.5
+        agents={**AGENTS, "echo": scripted(_counts)},
+        store=cast(SessionStore, store),
+        cancel_delay_s=0.5,
     ) as h:
         await h.send({"type": "conversation.text", "text": "count"})
         await until(lambda: h.audio_bytes() >= 2 * BYTES_PER_S)
@@ -617,19 +552,9 @@ async def test_a_reply_cancelled_as_the_session_ends_is_kept_as_heard() -> None:
     await until(lambda: h.bus.is_cancelled(reply.id))  # the cancel went on (shielded)
 
 
-class _Stalls:
+async def _stalls() -> AsyncIterator[AgentOutput]:
     """An agent with a greeting, then a long sentence whose TTS stalls after two pieces."""
-
-    name = "echo"
-    prepare_safe = True
-
-    async def respond(
-        self,
-        history: list[Turn],
-        instructions: str | None = None,
-        client_tools: ClientTools | None = None,
-    ) -> AsyncIterator[AgentOutput]:
-        yield "Hi. The answer is forty two and it is a very long sentence indeed."
+    yield "Hi. The answer is forty two and it is a very long sentence indeed."
 
 
 @on_virtual_time
@@ -649,32 +574,19 @@ async def test_a_sentence_cut_short_by_a_tts_stall_is_not_said_whole() -> None:
             await asyncio.sleep(bus.tts_chunk_s)
         await asyncio.Event().wait()  # stalled
 
-    FakeBus._synthesize = synthesize  # type: ignore[method-assign]
-    try:
-        async with running_session(agents={**AGENTS, "echo": _Stalls}) as h:
+    with tts_as(synthesize):
+        async with running_session(agents={**AGENTS, "echo": scripted(_stalls)}) as h:
             await h.send({"type": "conversation.text", "text": "q"})
             done = await h.wait_for("response.done")
-    finally:
-        FakeBus._synthesize = original  # type: ignore[method-assign]
     assert done["status"] == "failed"
     assert done["text"].startswith("Hi.") and "indeed" not in done["text"], done
 
 
-class _Hangs:
+async def _hangs() -> AsyncIterator[AgentOutput]:
     """An agent that says one sentence, then neither speaks nor ends."""
-
-    name = "echo"
-    prepare_safe = True
-
-    async def respond(
-        self,
-        history: list[Turn],
-        instructions: str | None = None,
-        client_tools: ClientTools | None = None,
-    ) -> AsyncIterator[AgentOutput]:
-        yield "Let me look that up. One"  # the sentence goes to TTS once more text follows
-        await asyncio.Event().wait()
-        yield "never said"
+    yield "Let me look that up. One"  # the sentence goes to TTS once more text follows
+    await asyncio.Event().wait()
+    yield "never said"
 
 
 @on_virtual_time
@@ -682,7 +594,7 @@ async def test_an_agent_that_stalls_without_ending_fails_its_reply() -> None:
     """No audio owed by TTS and nothing more from the agent for `agent_idle_timeout_s`: the
     reply fails with `agent_failed`, keeps what was said, and the session goes on (the TTS
     timeout used to be the only bound, and no longer counts while TTS owes nothing)."""
-    async with running_session(agents={**AGENTS, "echo": _Hangs}) as h:
+    async with running_session(agents={**AGENTS, "echo": scripted(_hangs)}) as h:
         await h.send({"type": "conversation.text", "text": "look it up"})
         done = await h.wait_for("response.done", timeout_s=120)  # virtual: 60 s idle
         assert done["status"] == "failed" and done["text"] == "Let me look that up.", done
