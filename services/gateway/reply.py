@@ -94,7 +94,6 @@ class ReplyContext:
 
 @dataclass
 class _Playout:
-    started: float | None = None
     sent_bytes: int = 0
     anchor: float | None = None
     """When the audio playing now started at the client: the first frame, or the first
@@ -398,16 +397,16 @@ class Reply:
     async def _send_frame(self, frame: bytes, rate: int) -> None:
         now = self.ctx.clock()
         playout = self.playout
-        if playout.started is None:
-            playout.started = now
+        if playout.anchor is None:  # the first frame
             if playout.first_tts_at is not None:
                 metrics.TTS_FIRST_AUDIO.observe(now - playout.first_tts_at)
             if self.speech_end_at is not None:
                 metrics.VOICE_TO_VOICE.observe(now - self.speech_end_at)
                 self.ctx.voice_to_voice(now - self.speech_end_at)
-        if now >= self._played_out_at(rate):
-            playout.anchor, playout.anchor_bytes = now, playout.sent_bytes  # buffer ran dry
-        due = self._played_out_at(rate) - self.ctx.settings.output_lead_ms / 1000
+        played_out = self._played_out_at(rate)
+        if now >= played_out:  # the first frame, or the client's buffer ran dry
+            playout.anchor, playout.anchor_bytes, played_out = now, playout.sent_bytes, now
+        due = played_out - self.ctx.settings.output_lead_ms / 1000
         if due > now:
             await asyncio.sleep(due - now)
         await self.ctx.output.send_audio(frame, self.config.output_format)

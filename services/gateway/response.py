@@ -18,6 +18,12 @@ class _Chunk:
     total: int | None = None  # number of audio pieces, known when TTS reports done
     failed: bool = False
     sent_bytes: int = 0
+
+    @property
+    def produced(self) -> int:
+        """Audio bytes made for it so far: sent, and waiting to be."""
+        return self.sent_bytes + sum(len(a) for a in self.audio.values())
+
     next_index: int = 0
 
 
@@ -118,7 +124,7 @@ class ResponseAudio:
         for chunk in self.chunks:
             if left <= 0:
                 break
-            produced = chunk.sent_bytes + sum(len(a) for a in chunk.audio.values())
+            produced = chunk.produced
             if chunk.failed:
                 left -= produced
                 continue
@@ -139,7 +145,7 @@ class ResponseAudio:
         """Audio bytes a word takes in this response: from its finished chunks, else from
         the speaking rate at `rate` (None: neither known)."""
         done = [c for c in self.chunks if c.total is not None and not c.failed and c.text.split()]
-        spoken = sum(c.sent_bytes + sum(len(a) for a in c.audio.values()) for c in done)
+        spoken = sum(c.produced for c in done)
         said = sum(len(c.text.split()) for c in done)
         if spoken and said:
             return spoken / said

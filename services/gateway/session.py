@@ -328,8 +328,11 @@ class Session:
         await self._save()
 
     async def _save(self) -> None:
-        """Every change of the history ends here: its oldest turns past the cap go first."""
+        """Every change of the history ends here: its oldest turns past the cap go first.
+        Once the session is ending, its gateway's last save writes it (app.py)."""
         keep_recent(self.history, self.settings.history_max_turns)
+        if self._ending:
+            return
         store = self.services.store
         if store is not None and not await store.save(self.config, self.history, self.tenant):
             await self.take_over()  # its client resumed it on another gateway
@@ -344,10 +347,7 @@ class Session:
         if not turns:
             return
         self.history += turns  # in place: Replies reads the same list
-        if self._ending:
-            keep_recent(self.history, self.settings.history_max_turns)
-        else:
-            await self._save()
+        await self._save()
 
     async def _reply_ended(self, reply: Reply, status: Status, text: str) -> None:
         """A reply ended and its client was told."""

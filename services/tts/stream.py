@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections import Counter, deque
+from collections import deque
 from contextlib import aclosing
 
 from fastapi import WebSocket
@@ -50,9 +50,8 @@ class TtsStream:
         self.synthesizer = synthesizer
         self.default_rate = default_rate
         self.max_input_chars = max_input_chars
-        self.requests: asyncio.Queue[Speak] = asyncio.Queue(MAX_QUEUED)
-        self.pending: Counter[str] = Counter()
-        """Ids queued or being spoken; a cancel for any other id is ignored."""
+        self.requests: asyncio.Queue[tuple[Speak, asyncio.Event]] = asyncio.Queue(MAX_QUEUED)
+        """Requests to speak, each with its stop (a cancel of its id sets it)."""
         self.stops: dict[str, deque[asyncio.Event]] = {}
         """Per id, the stop of each of its requests queued or being spoken, oldest first
         (requests are served in order): a cancel sets the ones there are when it comes,
@@ -78,9 +77,9 @@ class TtsStream:
                     await self.synthesizer.check_voice(
                         message.voice, self.tenant
                     )  # fail early, by id
-                    self.stops.setdefault(message.id, deque()).append(asyncio.Event())
-                    self.pending[message.id] += 1
-                    self.requests.put_nowait(message)
+                    stop = asyncio.Event()
+                    self.stops.setdefault(message.id, deque()).append(stop)
+                    self.requests.put_nowait((message, stop))
             except VoiceAgentError as exc:  # one request refused; the connection goes on
                 await self.channel.send_error(
                     exc, request_id or _claimed_id(frame.text), fatal=False
@@ -93,9 +92,7 @@ class TtsStream:
 
     async def speak(self) -> None:
         while True:
-            request = await self.requests.get()
-            stops = self.stops.get(request.id)
-            stop = stops[0] if stops else asyncio.Event()  # the oldest of its id: this one
+            request, stop = await self.requests.get()
             try:
                 await self._speak_one(request, stop)
             except VoiceAgentError as exc:
@@ -109,9 +106,6 @@ class TtsStream:
                 self._finished(request.id)
 
     def _finished(self, request_id: str) -> None:
-        self.pending[request_id] -= 1
-        if self.pending[request_id] <= 0:
-            del self.pending[request_id]
         stops = self.stops.get(request_id)
         if stops:
             stops.popleft()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import AsyncGenerator
 from typing import Any, cast
 
@@ -50,8 +51,9 @@ async def test_an_engine_error_fails_its_request_and_the_next_is_spoken() -> Non
         cast(Channel, channel), cast(Synthesizer, _Synthesizer()), 16000, max_input_chars=100
     )
     for request_id, text in (("a", "boom"), ("b", "fine")):
-        stream.requests.put_nowait(Speak(type="speak", id=request_id, text=text))
-        stream.pending[request_id] += 1
+        stop = asyncio.Event()
+        stream.stops.setdefault(request_id, deque()).append(stop)
+        stream.requests.put_nowait((Speak(type="speak", id=request_id, text=text), stop))
     speaker = asyncio.create_task(stream.speak())
     async with asyncio.timeout(5):
         while ("audio.done", "b") not in channel.events:
@@ -65,4 +67,4 @@ async def test_an_engine_error_fails_its_request_and_the_next_is_spoken() -> Non
         ("audio", 320),
         ("audio.done", "b"),
     ]
-    assert not stream.pending  # both requests are over
+    assert not stream.stops  # both requests are over

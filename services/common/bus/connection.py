@@ -69,7 +69,7 @@ PASSING_REFUSALS = ("UNBLOCKED", "MASTERDOWN", "LOADING", "BUSY ", "NOGROUP")
 """Refusals that pass by themselves, by their text: a blocked read cut off by a demotion
 (REPLICAOF, a planned CLUSTER FAILOVER), a replica cut off from its master, data still
 loading, a script running, a group lost with a failed-over master (recreated by the
-workers). Memory full passes too: `OutOfMemoryError` (redis-py strips its OOM prefix)."""
+workers). Memory full is `OutOfMemoryError`, in `REDIS_DOWN`."""
 _RETRIED = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, NoReplicasError)
 """What a command is retried on (with backoff) before the error reaches the caller."""
 
@@ -212,7 +212,7 @@ def out_of_reach(exc: BaseException) -> bool:
     """Whether a retry of what raised `exc` can succeed: Redis out of reach (`REDIS_DOWN`)
     or a refusal that passes by itself (`PASSING_REFUSALS`). Any other refusal (WRONGTYPE,
     a bad argument) would meet the same answer again: not a reason to retry."""
-    if isinstance(exc, (*REDIS_DOWN, OutOfMemoryError)):  # redis-py strips OOM's prefix
+    if isinstance(exc, REDIS_DOWN):
         return True
     if not isinstance(exc, ResponseError):
         return False

@@ -23,7 +23,6 @@ from services.common.errors import (
     InternalError,
     InvalidMessage,
     UnsupportedSampleRate,
-    UploadTooLarge,
     VoiceAgentError,
 )
 from services.common.platform.gpu import gpu_report
@@ -150,8 +149,6 @@ def http_exception_error(exc: HTTPException) -> VoiceAgentError:
     as typed errors, so every HTTP error has the same JSON shape."""
     if isinstance(exc, TooLarge):  # a body past its limit (BodyLimit)
         return exc.error
-    if exc.status_code == 413:
-        return UploadTooLarge(str(exc.detail))
     error = (
         InvalidMessage(str(exc.detail))
         if exc.status_code < 500
