@@ -20,13 +20,13 @@ from services.asr.stream import serve_asr_stream
 from services.common.audio.listener import HearingBatcher
 from services.common.audio.vad import SileroVad
 from services.common.auth.tokens_api import install_auth
+from services.common.body_limit import BodyLimit
 from services.common.bus.connection import connect
 from services.common.bus.keys import Keys
 from services.common.bus.streams import JobStream, consumed_shards, unique_consumer_name
 from services.common.bus.worker import JobWorker
 from services.common.platform.devices import cuda_index
 from services.common.platform.threads import limit_blas_threads
-from services.common.service.body_limit import BodyLimit
 from services.common.service.lifecycle import Background
 from services.common.service.routes import ServiceState, install_ops
 

@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, WebSocket
 
 from services.common.auth.tokens_api import install_auth
+from services.common.body_limit import BodyLimit, json_body_limit
 from services.common.bus.connection import connect
 from services.common.bus.keys import Keys
 from services.common.bus.streams import JobStream, consumed_shards, unique_consumer_name
@@ -17,7 +18,6 @@ from services.common.bus.worker import JobWorker
 from services.common.errors import BodyTooLarge
 from services.common.platform.devices import cuda_index
 from services.common.platform.threads import limit_blas_threads
-from services.common.service.body_limit import BodyLimit, json_body_limit
 from services.common.service.lifecycle import Background
 from services.common.service.routes import ServiceState, install_ops
 from services.tts.consumer import TtsJobHandler

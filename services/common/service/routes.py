@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException
 from services.common import metrics
 from services.common.audio.pcm import ALLOWED_SAMPLE_RATES
 from services.common.auth.guard import BRIEF_HEALTH, retry_headers
+from services.common.body_limit import TooLarge
 from services.common.errors import (
     InternalError,
     InvalidMessage,
@@ -26,7 +27,6 @@ from services.common.errors import (
     VoiceAgentError,
 )
 from services.common.platform.gpu import gpu_report
-from services.common.service.body_limit import TooLarge
 from services.common.service.process import LoopLagMonitor, RecentSamples, process_figures
 from services.common.service.ws import Channel
 

@@ -7,8 +7,8 @@ once, or, sent chunked, as soon as the bytes read pass the limit.
 
 A JSON endpoint is read whole and parsed before any of its fields is checked (a text's
 length, say): it is registered with its own small limit (`json_body_limit` of its longest
-text: the TTS service's `/v1/audio/speech`) and no form margin. (`POST /v1/sessions` reads
-its body itself: services/common/auth/tokens_api.py.)
+text: the TTS service's `/v1/audio/speech`; `POST /v1/sessions` on every service,
+services/common/auth/tokens_api.py) and no form margin.
 """
 
 from __future__ import annotations
