@@ -13,7 +13,6 @@ from typing import Any
 from fastapi import FastAPI, Query, Request, WebSocket
 from fastapi.responses import JSONResponse
 
-from services.common import metrics as common_metrics
 from services.common.audio.listener import HearingBatcher, Listener
 from services.common.audio.vad import SileroVad
 from services.common.auth.browser import local_caller
@@ -252,8 +251,7 @@ def create_app(
         try:
             restored = await store.load(session_id, principal.tenant) if session_id else None
         except Forbidden as exc:  # another tenant's id: no session, not even an accept
-            common_metrics.AUTH_REFUSED.labels("gateway", exc.code).inc()
-            await refuse_handshake(ws, exc)
+            await refuse_handshake(ws, exc, "gateway")
             return None
         offered = ws.scope.get("subprotocols")
         await ws.accept(subprotocol=app_subprotocol(offered) or read_handshake(ws).subprotocol)
@@ -447,8 +445,7 @@ def create_app(
         signed = signed_by_twilio(ws)
         if signed is False:
             refused = Forbidden("this upgrade does not carry Twilio's signature")
-            common_metrics.AUTH_REFUSED.labels("gateway", refused.code).inc()
-            await refuse_handshake(ws, refused)
+            await refuse_handshake(ws, refused, "gateway")
             return
         codec = TwilioCodec()
         late = late_admission(ws)  # None: checked at the upgrade (or authentication is off)

@@ -173,12 +173,9 @@ class Replies:
     async def cancel(self) -> None:
         """Stop the reply playing (the user keeps what they heard); returns once the last
         reply has ended and its client was told, also when it was ending already."""
-        reply, self.current = self.current, None
-        if reply is not None:
-            await reply.cancel()
-        last = self._last
-        if last is not None and last.done:
-            await last.ended.wait()
+        self.current = None
+        if self._last is not None:  # the reply playing is the last one
+            await self._last.cancel()
 
     def cut_off(self) -> bool:
         """Whether the words now heard go on from a turn answered too soon: the user spoke

@@ -196,8 +196,10 @@ class Reply:
             self.ended.set()
 
     async def cancel(self) -> None:
-        """Stop it end to end; the user keeps only what they heard."""
+        """Stop it end to end; the user keeps only what they heard. Returns once it has
+        ended and its client was told, also when it was ending already (elsewhere)."""
         if self.done:
+            await self.ended.wait()
             return
         if self.held:
             await self.discard()

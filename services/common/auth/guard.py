@@ -110,8 +110,11 @@ def error_response(exc: VoiceAgentError) -> JSONResponse:
     return JSONResponse(exc.body(), exc.http_status, headers=retry_headers(exc))
 
 
-async def refuse_handshake(ws: WebSocket, exc: VoiceAgentError) -> None:
-    """Answer a WebSocket upgrade with the error's HTTP status instead of accepting it."""
+async def refuse_handshake(ws: WebSocket, exc: VoiceAgentError, service: str) -> None:
+    """Answer a WebSocket upgrade with the error's HTTP status instead of accepting it,
+    counted as the door counts its own refusals."""
+    metrics.AUTH_REFUSED.labels(service, exc.code).inc()
+    metrics.ERRORS.labels(service, exc.code).inc()
     await ws.send_denial_response(error_response(exc))
 
 
