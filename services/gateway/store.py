@@ -25,7 +25,6 @@ from collections.abc import Collection
 from typing import Final
 
 from pydantic import BaseModel, ValidationError
-from pydantic_core import to_json
 from redis.asyncio import Redis
 
 from services.common.bus.connection import REDIS_FAILED
@@ -67,11 +66,13 @@ return claimed
 
 
 REFRESH: Final = """
-if redis.call('GETRANGE', KEYS[1], 0, #ARGV[1] - 1) ~= ARGV[1] then return 0 end
+local head = '{"owner":"' .. ARGV[1] .. '"'
+if redis.call('GETRANGE', KEYS[1], 0, #head - 1) ~= head then return 0 end
 return redis.call('EXPIRE', KEYS[1], ARGV[2])
 """
-"""Push back the record's expiry if this process owns it (ARGV[1]: the record's head with
-this owner): 1 when done. A record gone stays gone; one claimed elsewhere is left alone."""
+"""Push back the record's expiry if this process (ARGV[1]) owns it, reading only the
+record's head (written as SAVE and CLAIM match it): 1 when done. A record gone stays gone;
+one claimed elsewhere is left alone."""
 
 
 class StoredSession(BaseModel):
@@ -161,11 +162,12 @@ class SessionStore:
         they are. How many were refreshed (0 when Redis is out of reach: logged)."""
         if not session_ids:
             return 0
-        head = '{"owner":' + to_json(self.owner).decode()  # as StoredSession writes it
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
                 for session_id in session_ids:
-                    pipe.execute_command("EVAL", REFRESH, 1, self.key(session_id), head, self.ttl_s)
+                    pipe.execute_command(
+                        "EVAL", REFRESH, 1, self.key(session_id), self.owner, self.ttl_s
+                    )
                 replies = await pipe.execute()
         except REDIS_FAILED as exc:
             log.warning("could not refresh %d session(s): %s", len(session_ids), exc)
