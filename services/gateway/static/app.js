@@ -566,19 +566,23 @@ async function diagnose(s) {
     if (resuming && refusal.status === 401) {
       message += ` Paste a new token and press Connect to resume session ${resuming}.`;
     }
-    logLine("note", null, message);
-    return finish(message, "error");
+    return giveUp(message);
   }
   if (!reachable) {
     const message = `The gateway at ${location.host} is unreachable.`;
-    return resuming ? retryLater(message) : finish(message, "error");
+    return resuming ? retryLater(message) : giveUp(message);
   }
   const message = "The gateway refused the session before it opened, though it accepts this " +
     "page's token: a limit (sessions at once, new sessions per minute, the daily audio " +
     "quota), this page's origin, or the network; the gateway's log says which.";
   if (resuming) return retryLater(message);
+  giveUp(message);
+}
+
+function giveUp(message) {
+  // the connection ends in an error the user must act on: said in the log and the status
   logLine("note", null, message);
-  finish(message, "error");
+  return finish(message, "error");
 }
 
 function retryLater(why, atLeastMs = 0) {
@@ -589,8 +593,7 @@ function retryLater(why, atLeastMs = 0) {
   if (elapsed >= cfg.retryForMs) {
     const message = `${why} Gave up reconnecting after ${Math.round(elapsed / 1000)} s: ` +
       `press Connect to resume session ${resumeId} (the gateway keeps it a few minutes).`;
-    logLine("note", null, message);
-    return finish(message, "error");
+    return giveUp(message);
   }
   const backoff = Math.min(cfg.retryMaxMs, cfg.retryBaseMs * 2 ** retry.attempt);
   const delay = Math.max(atLeastMs, backoff * (0.75 + Math.random() * 0.5)); // spread out
