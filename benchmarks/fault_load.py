@@ -5,9 +5,11 @@ Engine-agnostic (lite or fake engines): a turn *completes* when its answer comes
 (`response.done` completed, with audio); it is *lost* when the user finished speaking and
 no completed answer came (a close, a timeout, a failed response); it is *cut* when the
 connection ended while the user was still speaking (the drill's faults may do that; the
-issue's bar is that no turn that had finished speaking is lost). *Duplicated*: a second
+issue's bar is that no turn that had finished speaking is lost). A turn whose connection
+ended before its answer is answered *on resume* when the session's next connection gives
+that answer first (the gateway owed it: docs/protocol.md). *Duplicated*: a second
 `transcript.final` for one utterance, a second `response.done` for one response, or a
-second response to one utterance, whichever connection they came on.
+second completed answer to one utterance, whichever connection they came on.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ from services.common.audio.pcm import AudioF32
 
 TURN_TIMEOUT_S = 30.0
 RECONNECT_S = 0.5
+OWED_ANSWER_S = 2.0
+"""How long a resumed connection waits for the answer its last turn is owed: it begins
+as soon as the session is (its `response.created` follows `session.created`)."""
 
 
 @dataclass
@@ -41,6 +46,8 @@ class Turn:
     audio_bytes: int = 0
     errors: list[str] = field(default_factory=list)
     ended_at: float | None = None
+    answered_on_resume: bool = False
+    """Its connection ended before the answer; the next connection gave it."""
 
     @property
     def completed(self) -> bool:
@@ -69,6 +76,9 @@ class SpokenLoad:
     _finals: Counter[str] = field(default_factory=Counter)
     _dones: Counter[str] = field(default_factory=Counter)
     _answers: Counter[str] = field(default_factory=Counter)
+    """Completed answers per utterance."""
+    _answering: dict[str, str] = field(default_factory=dict)
+    """The utterance each response answers (its `response.created` says)."""
 
     async def run(self) -> None:
         await asyncio.gather(*(self._session(i) for i in range(self.sessions)))
@@ -102,9 +112,13 @@ class SpokenLoad:
             if kind == "transcript.final":
                 self._finals[f"{index}:{message.get('utterance_id')}"] += 1
             elif kind == "response.done":
-                self._dones[f"{index}:{message.get('response_id')}"] += 1
+                response = f"{index}:{message.get('response_id')}"
+                self._dones[response] += 1
+                if message.get("status") == "completed" and response in self._answering:
+                    self._answers[self._answering[response]] += 1
             elif kind == "response.created" and message.get("utterance_id"):
-                self._answers[f"{index}:{message.get('utterance_id')}"] += 1
+                response = f"{index}:{message.get('response_id')}"
+                self._answering[response] = f"{index}:{message.get('utterance_id')}"
 
         return on_message
 
@@ -121,6 +135,8 @@ class SpokenLoad:
                     if session_id is not None:
                         resumed = client.session.get("resumed") is True
                         self.resumes["resumed" if resumed else "new"] += 1
+                        if resumed:
+                            await self._owed_answer(client, index)
                     self.session_ids[index] = client.session["id"]
                     while not self.stop.is_set() and not client.closed.is_set():
                         n += 1
@@ -133,6 +149,21 @@ class SpokenLoad:
                 self.closes[closed.rcvd.code if closed.rcvd else 1006] += 1
             if not self.stop.is_set():
                 await asyncio.sleep(RECONNECT_S)
+
+    async def _owed_answer(self, client: StreamClient, index: int) -> None:
+        """A resumed session whose last turn's connection ended before its answer: the
+        answer comes first on this one, or not at all."""
+        turn = next((t for t in reversed(self.turns) if t.session == index), None)
+        if turn is None or turn.status != "closed":
+            return
+        received = client.received  # since session.created: the answer may be there
+        with contextlib.suppress(TimeoutError):
+            await client.silence_until("response.created", OWED_ANSWER_S)
+            done = await client.silence_until("response.done", TURN_TIMEOUT_S)
+            turn.status = str(done.get("status"))
+            turn.audio_bytes = len(received.audio)
+            turn.done_at = turn.ended_at = time.monotonic()
+            turn.answered_on_resume = True
 
     async def _turn(self, client: StreamClient, index: int, n: int) -> None:
         turn = Turn(index, n, time.monotonic())
@@ -180,6 +211,7 @@ def score(load: SpokenLoad, fault_at: float | None) -> dict[str, Any]:
         "turns_lost": sum(t.lost for t in counted),
         "turns_cut_mid_speech": sum(t.status == "cut" for t in counted),
         "turns_duplicated": load.duplicated(),
+        "turns_answered_on_resume": sum(t.answered_on_resume and t.completed for t in counted),
         "lost_detail": [
             {"session": t.session, "turn": t.n, "status": t.status, "errors": t.errors}
             for t in counted

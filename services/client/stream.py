@@ -246,6 +246,11 @@ class StreamClient:
     async def send(self, message: dict[str, Any]) -> None:
         await self.ws.send(json.dumps(message))
 
+    @property
+    def received(self) -> Received:
+        """What came back since the connection opened, or since `new_turn`."""
+        return self._received
+
     def new_turn(self) -> Received:
         """Start recording a fresh turn."""
         self._received = Received()

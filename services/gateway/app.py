@@ -42,7 +42,7 @@ from services.gateway.realtime import REALTIME_SESSION, RealtimeCodec
 from services.gateway.session import Session, SessionServices
 from services.gateway.settings import GatewaySettings
 from services.gateway.static import static_router
-from services.gateway.store import SessionStore
+from services.gateway.store import Resumable, SessionStore
 from services.gateway.turn_end import EndOfTurn, create_policy, listening
 from services.gateway.twilio import TWILIO_SESSION, TwilioCodec, WaitingRoom, wait_for_start
 
@@ -52,8 +52,8 @@ TAKE_OVER_S = 10.0
 """How long a session resumed on another connection gets to end on its old one (its
 handling finishing an input, its save)."""
 
-Restored = tuple[SessionConfig, list[Turn]] | None
-"""A stored session being resumed (its settings and history), or None."""
+Restored = Resumable | None
+"""A stored session being resumed (its settings, history and owed answer), or None."""
 
 
 def token_settings(
@@ -180,7 +180,9 @@ def create_app(
     state.background_ok = background.healthy
 
     async def save(session: Session | DuplexSession) -> None:
-        await store.save(session.config, session.history, session.tenant)
+        """A session's save by its gateway (its last, or a drain's)."""
+        owed = session.owed if isinstance(session, Session) else None
+        await store.save(session.config, session.history, session.tenant, owed)
 
     drainer = Drainer(sessions, state, busy=lambda session: session.busy(), save=save)
 
@@ -305,6 +307,7 @@ def create_app(
         config = SessionConfig.model_validate({**given, **(initial or {})})
         config = token_settings(config, principal.session, agents)
         history: list[Turn] = []
+        owed: str | None = None
         resumed_notice: str | None = None
         if restored is not None:
             resumed_id = restored[0].id
@@ -314,7 +317,7 @@ def create_app(
                 with contextlib.suppress(Forbidden):  # `admit` checked the tenant already
                     restored = await store.claim(resumed_id, principal.tenant, restored)
         if restored is not None and restored[0].id not in sessions:
-            config, history = restored
+            config, history, owed = restored
             config = config.model_copy(update={"resumed": True})
             if config.agent not in agents:  # saved by a gateway with an agent this one lacks
                 resumed_notice = (
@@ -331,7 +334,7 @@ def create_app(
         try:
             failing = failing_typed(channel.fail, f"session {config.id}")
             async with failing, asyncio.TaskGroup() as tasks:
-                session = await new_session(ws, config, channel, listener, tasks, history)
+                session = await new_session(ws, config, channel, listener, tasks, history, owed)
                 sessions[config.id] = session
                 session_ended[config.id] = saved
                 drainer.opened()
@@ -347,7 +350,7 @@ def create_app(
             try:
                 if ended is not None:
                     async with asyncio.timeout(FINAL_SAVE_WAIT_S):
-                        await store.save(ended.config, ended.history, ended.tenant)
+                        await save(ended)
             except Exception:  # a frozen Redis included: the session is over either way
                 log.exception("session %s could not be saved", config.id)
             finally:
@@ -379,6 +382,7 @@ def create_app(
         listener: Listener,
         tasks: asyncio.TaskGroup,
         history: list[Turn],
+        owed: str | None,
     ) -> Session | DuplexSession:
         """The session of the configured backend (a duplex one holds its slot already)."""
         tenant, meter = principal_of(ws).tenant, meter_of(ws)
@@ -397,7 +401,15 @@ def create_app(
                 history=history,
             )
         return Session(
-            config, channel, listener, services, tasks, tenant=tenant, meter=meter, history=history
+            config,
+            channel,
+            listener,
+            services,
+            tasks,
+            tenant=tenant,
+            meter=meter,
+            history=history,
+            owed=owed,
         )
 
     @app.websocket("/v1/stream")

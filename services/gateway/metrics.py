@@ -101,6 +101,12 @@ SPECULATIVE_ASR = Counter(
     "or failed.",
     ["outcome"],
 )
+OWED_ANSWERS = Counter(
+    "va_gateway_owed_answers_total",
+    "Resumed sessions whose last turn was still to be answered (its gateway died while "
+    "answering): answered on the new connection, or refused (an agent not safe to run twice).",
+    ["outcome"],
+)
 PREPARED_REPLIES = Counter(
     "va_gateway_prepared_replies_total",
     "Replies prepared during a pause (agent and first TTS pieces started on the speculative "

@@ -25,7 +25,7 @@ from typing import Any
 from services.common.audio.listener import Listener
 from services.common.auth.limits import AudioMeter
 from services.common.bus.messages import AsrResult, BusResult, JobFailed, TtsChunk, TtsDone
-from services.common.errors import InvalidMessage, VoiceAgentError
+from services.common.errors import AgentFailed, InvalidMessage, VoiceAgentError
 from services.common.protocol.events import (
     ConversationText,
     ConversationToolResult,
@@ -44,7 +44,7 @@ from services.common.protocol.events import (
 )
 from services.common.service.ws import ReadAhead
 from services.gateway import metrics
-from services.gateway.agent import Agent, Turn, keep_recent, reply_turns
+from services.gateway.agent import Agent, Turn, can_prepare, keep_recent, reply_turns
 from services.gateway.bus import GatewayBus
 from services.gateway.codec import AudioIn, AudioPlayed, ClientInput, SessionChannel, UserItem
 from services.gateway.hearing import Hearing, Utterance
@@ -90,6 +90,7 @@ class Session:
         tenant: str,
         meter: AudioMeter,
         history: list[Turn],
+        owed: str | None = None,
     ) -> None:
         self.config = config
         self.channel = channel
@@ -102,6 +103,10 @@ class Session:
         """Whose session it is: its jobs carry it, its audio counts against its quota."""
         self.meter = meter
         self.history = history
+        self.owed = owed
+        """The last user turn is still to be answered: its utterance id ("" for typed text);
+        saved with the history (store.StoredSession.owed). Given by a resume: its answer
+        died with the gateway that was giving it, and `serve` gives it first."""
         self.inbox: asyncio.Queue[tuple[BusResult, bytes | None, float]] = asyncio.Queue(
             self.settings.inbox_size
         )
@@ -148,6 +153,7 @@ class Session:
         frames = self._frames
         self._spawn(frames.read(self.channel.io), "reader")
         try:
+            await self._answer_owed()
             while True:
                 for item in await self.channel.decode(await frames.get()):
                     try:
@@ -183,7 +189,7 @@ class Session:
                 self.hearing.clear()
             case ConversationText():
                 await self.replies.cancel()  # what was heard of the answer goes first
-                await self._user_turn(item.text)
+                await self._user_turn(item.text, owed="")
                 await self.replies.start(None, None)
             case UserItem():
                 await self._user_turn(item.text)  # answered by a response.create
@@ -289,12 +295,13 @@ class Session:
             if joined := self._join_user_turn(text):
                 metrics.CUT_OFFS_JOINED.inc()
         if joined:
+            self.owed = utterance_id
             await self._save()
         else:
             # an answer still playing (a turn too short to barge in) is cut here: what was
             # heard of it joins the history before these words, not after
             await self.replies.cancel()
-            await self._user_turn(text)
+            await self._user_turn(text, owed=utterance_id)
         policy = self.services.end_of_turn
         hold_ms = 0
         if word_rules_apply(language):
@@ -323,8 +330,12 @@ class Session:
         self.history[last_user:] = [Turn("user", f"{self.history[last_user].text} {text}")]
         return True
 
-    async def _user_turn(self, text: str) -> None:
+    async def _user_turn(self, text: str, owed: str | None = None) -> None:
+        """The user's words join the history; `owed`: they are to be answered (the id of
+        their utterance, "" for typed text), not only kept (a Realtime client's item)."""
         self.history.append(Turn("user", text))
+        if owed is not None:
+            self.owed = owed
         await self._save()
 
     async def _save(self) -> None:
@@ -334,7 +345,8 @@ class Session:
         if self._ending:
             return
         store = self.services.store
-        if store is not None and not await store.save(self.config, self.history, self.tenant):
+        saved = store is None or await store.save(self.config, self.history, self.tenant, self.owed)
+        if not saved:
             await self.take_over()  # its client resumed it on another gateway
 
     # ------------------------------------------------------------------ replies
@@ -345,13 +357,45 @@ class Session:
         first; while the session ends, its gateway's last save keeps it."""
         turns = [*reply_turns(text, reply.tool_turns), *reply.tool_results]
         if not turns:
-            return
+            return  # nothing of it was heard: still owed, should the client come back
+        self.owed = None
         self.history += turns  # in place: Replies reads the same list
         await self._save()
 
     async def _reply_ended(self, reply: Reply, status: Status, text: str) -> None:
-        """A reply ended and its client was told."""
+        """A reply ended and its client was told: the turn it answered is owed nothing more
+        (also when it failed, or was cancelled before a word was heard)."""
         self.replies.ended(reply)
+        if self.owed is not None:
+            self.owed = None
+            await self._save()
+
+    async def _answer_owed(self) -> None:
+        """A resumed session whose last turn was never answered (its gateway died while
+        answering, or the connection dropped before a word of the answer played) is
+        answered first: the agent runs again on the same history. Not an agent that says
+        it is not safe to run twice (`prepare_safe`: it may have run a side-effecting tool
+        already): the client is told to say it again."""
+        owed = self.owed
+        if owed is None:
+            return
+        if not self.history or self.history[-1].role != "user":
+            self.owed = None  # answered after all (its record came after the flag's save)
+            return
+        if not can_prepare(self.services.agents[self.config.agent]()):
+            metrics.OWED_ANSWERS.labels("refused").inc()
+            self.owed = None
+            await self._save()
+            await self.channel.send_error(
+                AgentFailed(
+                    f"the answer to {self.history[-1].text!r} was lost with the gateway "
+                    f"giving it, and the agent {self.config.agent!r} is not run twice (it may "
+                    "have side effects): say it again"
+                )
+            )
+            return
+        metrics.OWED_ANSWERS.labels("answered").inc()
+        await self.replies.start(owed or None, None)
 
     async def _tool_result(self, result: ConversationToolResult) -> None:
         """A client tool's output joins the history, after its call: a call of the reply

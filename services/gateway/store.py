@@ -22,7 +22,7 @@ import hmac
 import logging
 import uuid
 from collections.abc import Collection
-from typing import Final
+from typing import Final, NamedTuple
 
 from pydantic import BaseModel, ValidationError
 from redis.asyncio import Redis
@@ -85,6 +85,19 @@ class StoredSession(BaseModel):
     tenant: str
     """Whose session it is: only a credential of this tenant resumes it (a record without
     one is unreadable, never anyone's)."""
+    owed: str | None = None
+    """The last user turn is still to be answered: the id of its utterance ("" for typed
+    text). Set when the turn is taken, cleared when a reply to it ends; a gateway killed
+    while answering leaves it set, and the session's next connection answers it."""
+
+
+class Resumable(NamedTuple):
+    """A stored session as a resume gets it back."""
+
+    config: SessionConfig
+    history: list[Turn]
+    owed: str | None = None
+    """`StoredSession.owed`."""
 
 
 class SessionStore:
@@ -108,7 +121,9 @@ class SessionStore:
     def key(self, session_id: str) -> str:
         return self.keys.session(session_id)
 
-    async def save(self, config: SessionConfig, history: list[Turn], tenant: str) -> bool:
+    async def save(
+        self, config: SessionConfig, history: list[Turn], tenant: str, owed: str | None = None
+    ) -> bool:
         """Write the session; False when another gateway process has claimed it (its
         client resumed it there). A Redis outage only loses resumability: logged, True."""
         stored = StoredSession(
@@ -116,6 +131,7 @@ class SessionStore:
             config=config.model_copy(update={"resumed": None}),
             history=history,
             tenant=tenant,
+            owed=owed,
         )
         key = self.key(config.id)
         script = ("EVAL", SAVE, 1, key, stored.model_dump_json(), self.owner, self.ttl_s)
@@ -128,7 +144,7 @@ class SessionStore:
             log.info("session %s is resumed on another gateway: not saved here", config.id)
         return bool(written)
 
-    async def load(self, session_id: str, tenant: str) -> tuple[SessionConfig, list[Turn]] | None:
+    async def load(self, session_id: str, tenant: str) -> Resumable | None:
         """The stored session, or None when unknown, expired or out of reach (Redis down);
         Forbidden when it is another tenant's (its id leaked or was guessed)."""
         try:
@@ -138,9 +154,7 @@ class SessionStore:
             return None
         return self._read(session_id, raw, tenant)
 
-    async def claim(
-        self, session_id: str, tenant: str, loaded: tuple[SessionConfig, list[Turn]]
-    ) -> tuple[SessionConfig, list[Turn]] | None:
+    async def claim(self, session_id: str, tenant: str, loaded: Resumable) -> Resumable | None:
         """Resume the session here: this process becomes its only writer, and gets it as
         it is now (a save of its old gateway's may have come since `load`); `loaded` when
         Redis is out of reach. None when it is gone; Forbidden as `load`. Call it after
@@ -183,9 +197,7 @@ class SessionStore:
             await self.refresh(list(live))
 
     @staticmethod
-    def _read(
-        session_id: str, raw: bytes | str | None, tenant: str
-    ) -> tuple[SessionConfig, list[Turn]] | None:
+    def _read(session_id: str, raw: bytes | str | None, tenant: str) -> Resumable | None:
         if raw is None:
             return None
         try:
@@ -195,4 +207,4 @@ class SessionStore:
             return None
         if not hmac.compare_digest(stored.tenant.encode(), tenant.encode()):
             raise Forbidden("this session belongs to another tenant")
-        return stored.config, stored.history
+        return Resumable(stored.config, stored.history, stored.owed)

@@ -287,13 +287,14 @@ async def running_session(
     partials: bool = True,
     meter: AudioMeter = NO_METER,
     history: list[Turn] | None = None,
+    owed: str | None = None,
     store: SessionStore | None = None,
     codec: Codec | None = None,
     config: SessionConfig | None = None,
     **bus_options: Any,
 ) -> AsyncIterator[Harness]:
-    """A session serving a fake socket (with `history`, one resumed); the user hangs up at
-    the end."""
+    """A session serving a fake socket (with `history`, one resumed, and the answer it is
+    `owed`); the user hangs up at the end."""
     loop = asyncio.get_running_loop()
     settings = settings or GatewaySection()
     socket = FakeSocket(loop)
@@ -320,6 +321,7 @@ async def running_session(
                 tenant="default",
                 meter=meter,
                 history=list(history or []),
+                owed=owed,
             )
             bus.deliver = session.deliver
 

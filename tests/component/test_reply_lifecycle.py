@@ -367,7 +367,9 @@ class _Saves:
     def __init__(self) -> None:
         self.saves: list[list[Turn]] = []
 
-    async def save(self, config: SessionConfig, history: list[Turn], tenant: str) -> bool:
+    async def save(
+        self, config: SessionConfig, history: list[Turn], tenant: str, owed: str | None = None
+    ) -> bool:
         self.saves.append(list(history))
         return True
 
@@ -428,7 +430,9 @@ class _SlowSaves(_Saves):
         self.open.set()
         self.waiting = asyncio.Event()
 
-    async def save(self, config: SessionConfig, history: list[Turn], tenant: str) -> bool:
+    async def save(
+        self, config: SessionConfig, history: list[Turn], tenant: str, owed: str | None = None
+    ) -> bool:
         if not self.open.is_set():
             self.waiting.set()
             await self.open.wait()

@@ -14,7 +14,7 @@ from services.common.bus.connection import connect
 from services.common.errors import Forbidden
 from services.common.protocol.events import SessionConfig
 from services.gateway.agent import Turn
-from services.gateway.store import SessionStore, StoredSession
+from services.gateway.store import Resumable, SessionStore, StoredSession
 from services.ops.redis_server import free_port, start_redis
 from tests.component.session_harness import on_virtual_time, running_session, silence, tone
 from tests.conftest import RedisProc
@@ -30,7 +30,11 @@ async def test_a_saved_session_loads_back(redis_server: RedisProc) -> None:
         await store.save(config, history, "acme")
         assert 0 < await redis.ttl(store.key("sess_a")) <= 60
         loaded = await store.load("sess_a", "acme")
-        assert loaded == (config.model_copy(update={"resumed": None}), history)
+        assert loaded == Resumable(config.model_copy(update={"resumed": None}), history)
+        await store.save(config, history[:1], "acme", owed="utt_1")  # its answer is owed
+        assert await store.load("sess_a", "acme") == Resumable(
+            config.model_copy(update={"resumed": None}), history[:1], "utt_1"
+        )
         with pytest.raises(Forbidden):
             await store.load("sess_a", "default")
         assert await store.load("sess_unknown", "acme") is None
@@ -90,13 +94,13 @@ async def test_a_session_resumed_on_another_gateway_is_written_by_that_one_only(
         assert await a.save(config, before, "acme")
         loaded = await b.load("sess_moved", "acme")
         assert loaded is not None
-        assert await b.claim("sess_moved", "acme", loaded) == (config, before)
+        assert await b.claim("sess_moved", "acme", loaded) == Resumable(config, before)
         assert 0 < await redis.ttl(b.key("sess_moved")) <= 60  # the claim kept the TTL
         assert await b.save(config, after, "acme")
         assert not await a.save(config, before, "acme")  # A's stale save: refused
-        assert await b.load("sess_moved", "acme") == (config, after)
+        assert await b.load("sess_moved", "acme") == Resumable(config, after)
         # the client comes back through A: A claims it, and B is the one refused now
-        assert await a.claim("sess_moved", "acme", loaded) == (config, after)
+        assert await a.claim("sess_moved", "acme", loaded) == Resumable(config, after)
         assert not await b.save(config, after[:1], "acme")
         assert await a.save(config, after, "acme")
         # gone (expired): nothing to claim
@@ -116,8 +120,8 @@ async def test_a_record_saved_before_owners_is_claimed_and_saved(redis_server: R
     try:
         await redis.set(store.key("sess_older"), json.dumps(older), ex=60)
         loaded = await store.load("sess_older", "acme")
-        assert loaded == (config, history)
-        assert await store.claim("sess_older", "acme", loaded) == (config, history)
+        assert loaded == Resumable(config, history)
+        assert await store.claim("sess_older", "acme", loaded) == Resumable(config, history)
         raw = await redis.get(store.key("sess_older"))
         assert json.loads(raw)["owner"] == "gw-new.1"
         assert await store.save(config, [*history, Turn("agent", "hello")], "acme")
@@ -135,7 +139,9 @@ class _ClaimedElsewhere:
     def __init__(self) -> None:
         self.saves: list[list[tuple[str, str]]] = []
 
-    async def save(self, config: SessionConfig, history: list[Turn], tenant: str) -> bool:
+    async def save(
+        self, config: SessionConfig, history: list[Turn], tenant: str, owed: str | None = None
+    ) -> bool:
         self.saves.append([(t.role, t.text) for t in history])
         return len(self.saves) == 1
 

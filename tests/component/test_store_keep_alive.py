@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 from services.common.bus.connection import connect
 from services.common.protocol.events import SessionConfig
 from services.gateway.agent import Turn
-from services.gateway.store import SessionStore
+from services.gateway.store import Resumable, SessionStore
 from services.ops.redis_server import free_port
 from tests.conftest import RedisProc
 
@@ -36,7 +36,9 @@ async def test_a_live_session_s_record_is_pushed_back_to_a_whole_window(
         await redis.expire(store.key("sess_quiet"), QUIET_LEFT_S)  # quiet for a long while
         assert await store.refresh(["sess_quiet"]) == 1
         assert await redis.ttl(store.key("sess_quiet")) > QUIET_LEFT_S
-        assert await store.load("sess_quiet", "acme") == (SessionConfig(id="sess_quiet"), HISTORY)
+        assert await store.load("sess_quiet", "acme") == Resumable(
+            SessionConfig(id="sess_quiet"), HISTORY
+        )
     finally:
         await redis.aclose()
 

@@ -4,7 +4,8 @@ any other tenant (the one named `default` above all) is refused before the upgra
 
 The saves a crash leaves behind are the ones made during the conversation (each turn's),
 so every save must carry the tenant the session was built with (issue 22: they used to
-store `default`, which then resumed another tenant's session)."""
+store `default`, which then resumed another tenant's session), and the answer its last
+turn is owed: a gateway killed while answering leaves it to the next connection."""
 
 from __future__ import annotations
 
@@ -105,6 +106,7 @@ async def test_a_crashed_gateways_session_resumes_for_its_tenant_only(
         saved = await stored(engines, session_id)
         assert saved.tenant == "acme"  # every save carries it, not only the goodbye one
         assert [t.text for t in saved.history] == ["Remember the door.", "Remember the door."]
+        assert saved.owed is None  # answered: nothing to give again on resume
         gateway.start()  # a new process (another gateway id) takes the reconnect
         resume = f"{gateway.url}?session_id={session_id}"
         status, body = await refused_handshake(resume, additional_headers=bearer(other))
@@ -112,6 +114,49 @@ async def test_a_crashed_gateways_session_resumes_for_its_tenant_only(
         async with session(resume, additional_headers=bearer(acme)) as (_, resumed):
             assert resumed["session"]["id"] == session_id
             assert resumed["session"]["resumed"] is True
+    finally:
+        if gateway.proc is not None and gateway.proc.poll() is None:
+            gateway.proc.terminate()
+            gateway.proc.wait(30)
+
+
+LONG = (
+    "Remember to lock the back door, feed the cat, water the plants on the balcony and "
+    "call the plumber about the kitchen sink before Friday."
+)
+"""Its echo lasts seconds (the fake TTS: 300 ms a word): a kill at its `response.created`
+lands long before its end, when the answer is recorded."""
+
+
+@pytest.mark.timeout(600)
+async def test_a_turn_whose_gateway_died_while_answering_is_answered_on_resume(
+    engines: RedisSettings, tmp_path: Path
+) -> None:
+    _, acme = await new_key(engines, "acme")
+    gateway = Gateway(engines, free_port(), tmp_path / "gateway.log")
+    gateway.start()
+    try:
+        async with session(gateway.url, additional_headers=bearer(acme)) as (ws, created):
+            session_id = created["session"]["id"]
+            await ws.send(json.dumps({"type": "conversation.text", "text": LONG}))
+            while json.loads(await asyncio.wait_for(_text(ws), 60))["type"] != "response.created":
+                pass
+            gateway.kill()  # answering: its answer dies with it
+        saved = await stored(engines, session_id)
+        assert [t.text for t in saved.history] == [LONG]
+        assert saved.owed == ""  # typed text: owed, with no utterance
+        gateway.start()
+        resume = f"{gateway.url}?session_id={session_id}"
+        async with session(resume, additional_headers=bearer(acme)) as (ws, resumed):
+            assert resumed["session"]["resumed"] is True
+            events = []
+            while not events or events[-1]["type"] != "response.done":
+                events.append(json.loads(await asyncio.wait_for(_text(ws), 60)))
+        assert events[0]["type"] == "response.created"  # first, unasked
+        assert (events[-1]["status"], events[-1]["text"]) == ("completed", LONG)
+        saved = await stored(engines, session_id)
+        assert [t.role for t in saved.history] == ["user", "agent"]
+        assert saved.owed is None
     finally:
         if gateway.proc is not None and gateway.proc.poll() is None:
             gateway.proc.terminate()

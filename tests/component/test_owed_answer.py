@@ -1,0 +1,127 @@
+"""The answer owed to the last turn: saved with the history until a reply to it ends, and
+given first by the next connection when the gateway giving it died (kill -9 leaves no
+goodbye save: only what each change saved).
+
+The flag is what makes this safe: a resume answers a turn only when its record says the
+answer never ended (not every history that ends with the user's words: a Realtime
+client's items wait for its `response.create`, a failed reply was told as failed)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import cast
+
+from services.common.bus.messages import TtsJob
+from services.common.protocol.events import SessionConfig
+from services.gateway.agent import AGENTS, AgentOutput, Turn
+from services.gateway.store import SessionStore
+from tests.component.session_harness import (
+    FakeBus,
+    on_virtual_time,
+    running_session,
+    scripted,
+    silence,
+    tone,
+    tts_as,
+)
+
+
+class _Saves:
+    """A store that records each save's history and owed answer."""
+
+    def __init__(self) -> None:
+        self.saves: list[tuple[list[Turn], str | None]] = []
+
+    async def save(
+        self, config: SessionConfig, history: list[Turn], tenant: str, owed: str | None = None
+    ) -> bool:
+        self.saves.append((list(history), owed))
+        return True
+
+
+@on_virtual_time
+async def test_a_spoken_turn_is_owed_until_its_answer_is_recorded() -> None:
+    store = _Saves()
+    async with running_session(transcripts=["hello there"], store=cast(SessionStore, store)) as h:
+        await h.say(silence(200), tone(900), silence(1000))
+        done = await h.wait_for("response.done")
+    utterance = h.of_type("transcript.final")[0]["utterance_id"]
+    assert done["status"] == "completed"
+    assert store.saves == [
+        ([Turn("user", "hello there")], utterance),  # taken: its answer is owed
+        ([Turn("user", "hello there"), Turn("agent", "hello there")], None),  # answered
+    ]
+
+
+@on_virtual_time
+async def test_a_reply_that_failed_before_a_word_owes_nothing_more() -> None:
+    async def synthesize(bus: FakeBus, job: TtsJob) -> None:
+        await asyncio.sleep(0.05)
+        bus.deliver(job.failed("tts_unavailable", "engine crashed"), None)
+
+    store = _Saves()
+    with tts_as(synthesize):
+        async with running_session(store=cast(SessionStore, store)) as h:
+            await h.send({"type": "conversation.text", "text": "hello"})
+            done = await h.wait_for("response.done")
+    assert done["status"] == "failed"  # told: asking again is the client's to do
+    assert store.saves[0] == ([Turn("user", "hello")], "")  # typed text: owed, no utterance
+    assert store.saves[-1] == ([Turn("user", "hello")], None)
+
+
+@on_virtual_time
+async def test_a_link_lost_before_a_word_of_the_answer_played_leaves_it_owed() -> None:
+    async def slow(bus: FakeBus, job: TtsJob) -> None:
+        await asyncio.sleep(30)  # the first piece never comes while the client is there
+
+    store = _Saves()
+    with tts_as(slow):
+        async with running_session(store=cast(SessionStore, store)) as h:
+            await h.send({"type": "conversation.text", "text": "hello"})
+            await h.wait_for("response.created")
+        # running_session's end: the client's link drops
+    assert store.saves[-1] == ([Turn("user", "hello")], "")
+
+
+@on_virtual_time
+async def test_a_resumed_session_answers_the_turn_it_is_owed_first() -> None:
+    store = _Saves()
+    history = [Turn("user", "first"), Turn("agent", "first"), Turn("user", "remember the door")]
+    async with running_session(
+        history=history, owed="utt_lost", store=cast(SessionStore, store)
+    ) as h:
+        done = await h.wait_for("response.done")
+    created = h.of_type("response.created")
+    assert [c["utterance_id"] for c in created] == ["utt_lost"]  # the turn it answers
+    assert (done["status"], done["text"]) == ("completed", "remember the door")
+    assert h.audio_bytes() > 0
+    assert store.saves[0] == ([*history, Turn("agent", "remember the door")], None)
+
+
+@on_virtual_time
+async def test_a_resume_owes_nothing_when_the_answer_was_recorded() -> None:
+    history = [Turn("user", "hi"), Turn("agent", "hi")]
+    async with running_session(history=history, owed="utt_old") as h:
+        await asyncio.sleep(5)
+    assert h.of_type("response.created") == []
+    assert h.session.owed is None
+
+
+async def _books() -> AsyncIterator[AgentOutput]:
+    yield "Booked."
+
+
+@on_virtual_time
+async def test_an_agent_not_safe_to_run_twice_is_not_run_again_on_resume() -> None:
+    store = _Saves()
+    agents = {**AGENTS, "echo": scripted(_books, prepare_safe=False)}
+    history = [Turn("user", "book a table for two")]
+    async with running_session(
+        agents=agents, history=history, owed="utt_lost", store=cast(SessionStore, store)
+    ) as h:
+        error = await h.wait_for("error")
+        await asyncio.sleep(5)
+    assert error["code"] == "agent_failed" and "say it again" in error["message"]
+    assert h.of_type("response.created") == []  # it may have booked already: not again
+    assert store.saves[0] == (history, None)  # told once, not on every later resume
