@@ -365,6 +365,9 @@ class Reply:
         rate = self.config.output_sample_rate
         frame_bytes = 2 * ms_to_samples(self.ctx.settings.output_frame_ms, rate)
         pending = b""
+        # while audio is owed: the TTS progress seen, and when its time runs out (new agent
+        # text gives a stalled TTS no more time)
+        tts_wait: tuple[int, float] | None = None
         while not self.done:  # stopped (the session ended) or finished elsewhere: no more
             self.audio.changed.clear()
             pcm = self.audio.next_audio()
@@ -377,6 +380,7 @@ class Reply:
             if self.audio.complete:
                 break
             if not self.audio.awaiting_audio:  # the agent's text is late
+                tts_wait = None
                 idle_s = self.ctx.settings.agent_idle_timeout_s
                 if not await set_within(self.audio.changed, idle_s):
                     await self.ctx.output.send_error(
@@ -385,7 +389,10 @@ class Reply:
                     await self._finish("failed")
                     return
                 continue
-            if not await set_within(self.audio.changed, self.ctx.settings.tts_timeout_s):
+            now = self.ctx.clock()
+            if tts_wait is None or tts_wait[0] != self.audio.tts_progress:
+                tts_wait = (self.audio.tts_progress, now + self.ctx.settings.tts_timeout_s)
+            if not await set_within(self.audio.changed, tts_wait[1] - now):
                 await self.ctx.output.send_error(TtsUnavailable("no TTS audio arrived in time"))
                 await self._finish("failed")
                 return

@@ -42,6 +42,10 @@ class ResponseAudio:
         self.changed = asyncio.Event()
         self.received_bytes = 0
         """Audio accepted so far (repeats not counted)."""
+        self.tts_progress = 0
+        """Counts what the TTS did for it: pieces accepted, chunks finished (or failed).
+        New text is not TTS progress: a TTS that stalled stays stalled while the agent
+        talks on."""
 
     def add_text(self, text: str) -> int:
         """Register the next text chunk; returns its sequence number."""
@@ -62,6 +66,7 @@ class ResponseAudio:
             return False
         self.chunks[seq].audio[index] = pcm
         self.received_bytes += len(pcm)
+        self.tts_progress += 1
         self.changed.set()
         return True
 
@@ -70,6 +75,7 @@ class ResponseAudio:
         if seq < len(self.chunks):
             self.chunks[seq].total = pieces
             self.chunks[seq].failed = failed
+            self.tts_progress += 1
             self.changed.set()
 
     def next_audio(self) -> bytes | None:

@@ -17,6 +17,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, cast
 
+import pytest
+
 from services.common.bus.messages import TtsJob
 from services.common.protocol.events import SessionConfig, ToolSpec
 from services.gateway.agent import (
@@ -206,6 +208,31 @@ async def test_an_agent_slower_than_the_tts_timeout_is_not_a_tts_failure() -> No
         Turn("tool", "42", call_id="call_1"),
         Turn("agent", "Let me look that up for you. The answer is forty two."),
     ]
+
+
+async def _talks_on() -> AsyncIterator[AgentOutput]:
+    """A sentence, then a few words every 5 s for a minute."""
+    yield "First sentence is here. And"
+    for _ in range(12):
+        await asyncio.sleep(5.0)
+        yield " a few more words."
+
+
+@on_virtual_time
+async def test_agent_text_gives_a_stalled_tts_no_more_time() -> None:
+    async def stalled(bus: FakeBus, job: TtsJob) -> None:
+        await asyncio.Event().wait()
+
+    timeout_s = GatewaySection().tts_timeout_s
+    assert timeout_s < 60.0
+    with tts_as(stalled):
+        async with running_session(agents={**AGENTS, "echo": scripted(_talks_on)}) as h:
+            await h.send({"type": "conversation.text", "text": "go on"})
+            done = await h.wait_for("response.done", timeout_s=120)
+    assert [e["code"] for e in h.of_type("error")] == ["tts_unavailable"]
+    assert done["status"] == "failed"
+    first_job = h.bus.tts_jobs[0][0]
+    assert h.time_of("response.done") - first_job == pytest.approx(timeout_s, abs=0.1)
 
 
 async def _tool_then_stall() -> AsyncIterator[AgentOutput]:
