@@ -46,6 +46,8 @@ class Turn:
     audio_bytes: int = 0
     errors: list[str] = field(default_factory=list)
     ended_at: float | None = None
+    heard: bool = False
+    """Its `transcript.final` came (the gateway had its words: a resume owes their answer)."""
     answered_on_resume: bool = False
     """Its connection ended before the answer; the next connection gave it."""
 
@@ -181,6 +183,7 @@ class SpokenLoad:
             turn.status = "closed" if turn.spoken_at is not None else "cut"
         turn.audio_bytes = len(received.audio)
         turn.errors = [str(e.get("code")) for e in received.of_type("error")]
+        turn.heard = bool(received.of_type("transcript.final"))
         if turn.status == "completed" and turn.audio_bytes == 0:
             turn.status = "no audio"
         turn.ended_at = time.monotonic()
@@ -213,7 +216,13 @@ def score(load: SpokenLoad, fault_at: float | None) -> dict[str, Any]:
         "turns_duplicated": load.duplicated(),
         "turns_answered_on_resume": sum(t.answered_on_resume and t.completed for t in counted),
         "lost_detail": [
-            {"session": t.session, "turn": t.n, "status": t.status, "errors": t.errors}
+            {
+                "session": t.session,
+                "turn": t.n,
+                "status": t.status,
+                "errors": t.errors,
+                "transcript_came": t.heard,
+            }
             for t in counted
             if t.lost
         ][:10],

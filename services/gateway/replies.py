@@ -149,7 +149,7 @@ class Replies:
     async def _start(
         self, utterance_id: str | None, speech_end_at: float | None, fixed_text: str | None
     ) -> None:
-        await self.cancel()
+        await self.cancel(superseded=fixed_text is None)
         self.drop_held()  # a reply now supersedes the held turn
         prepared, self._prepared = self._prepared, None
         if fixed_text is None and prepared is not None and self._answers(prepared, utterance_id):
@@ -170,11 +170,14 @@ class Replies:
         self.current = self._last = reply
         await reply.start()
 
-    async def cancel(self) -> None:
+    async def cancel(self, superseded: bool = False) -> None:
         """Stop the reply playing (the user keeps what they heard); returns once the last
-        reply has ended and its client was told, also when it was ending already."""
+        reply has ended and its client was told, also when it was ending already.
+        `superseded`: for another answer of the agent to the same history."""
         self.current = None
         if self._last is not None:  # the reply playing is the last one
+            if not self._last.done:
+                self._last.superseded = superseded
             await self._last.cancel()
 
     def cut_off(self) -> bool:

@@ -132,6 +132,11 @@ class Reply:
     """Results of its client calls that came before it ended: they follow its turns."""
     recorded: bool = False
     """Its turns went to the history (`ReplyContext.record`): a tool result now follows."""
+    stopped: bool = False
+    """It ended with its session (`stop`): its client was never told."""
+    superseded: bool = False
+    """It was cancelled for another answer of the agent to the same history (a client's
+    `response.create`, or the turn's own answer after one): the turn is answered anew."""
     ended: asyncio.Event = field(init=False)
     """Set once it has ended and its client was told (or it was dropped, or stopped)."""
     _waiting: list[Event | VoiceAgentError] = field(default_factory=list)
@@ -229,7 +234,7 @@ class Reply:
         Nothing is sent."""
         if self.done:
             return
-        self.done = True
+        self.done = self.stopped = True
         try:
             self._stop_tasks()
             if not self.held:
@@ -367,7 +372,7 @@ class Reply:
         pending = b""
         # while audio is owed: the TTS progress seen, and when its time runs out (new agent
         # text gives a stalled TTS no more time)
-        tts_wait: tuple[int, float] | None = None
+        tts_wait: tuple[tuple[int, int, int | None, bool], float] | None = None
         while not self.done:  # stopped (the session ended) or finished elsewhere: no more
             self.audio.changed.clear()
             pcm = self.audio.next_audio()
@@ -390,8 +395,9 @@ class Reply:
                     return
                 continue
             now = self.ctx.clock()
-            if tts_wait is None or tts_wait[0] != self.audio.tts_progress:
-                tts_wait = (self.audio.tts_progress, now + self.ctx.settings.tts_timeout_s)
+            progress = self.audio.head_progress
+            if tts_wait is None or tts_wait[0] != progress:
+                tts_wait = (progress, now + self.ctx.settings.tts_timeout_s)
             if not await set_within(self.audio.changed, tts_wait[1] - now):
                 await self.ctx.output.send_error(TtsUnavailable("no TTS audio arrived in time"))
                 await self._finish("failed")

@@ -42,10 +42,6 @@ class ResponseAudio:
         self.changed = asyncio.Event()
         self.received_bytes = 0
         """Audio accepted so far (repeats not counted)."""
-        self.tts_progress = 0
-        """Counts what the TTS did for it: pieces accepted, chunks finished (or failed).
-        New text is not TTS progress: a TTS that stalled stays stalled while the agent
-        talks on."""
 
     def add_text(self, text: str) -> int:
         """Register the next text chunk; returns its sequence number."""
@@ -66,7 +62,6 @@ class ResponseAudio:
             return False
         self.chunks[seq].audio[index] = pcm
         self.received_bytes += len(pcm)
-        self.tts_progress += 1
         self.changed.set()
         return True
 
@@ -75,7 +70,6 @@ class ResponseAudio:
         if seq < len(self.chunks):
             self.chunks[seq].total = pieces
             self.chunks[seq].failed = failed
-            self.tts_progress += 1
             self.changed.set()
 
     def next_audio(self) -> bytes | None:
@@ -92,6 +86,17 @@ class ResponseAudio:
                 continue
             return None
         return None
+
+    @property
+    def head_progress(self) -> tuple[int, int, int | None, bool]:
+        """What the TTS did for the chunk to play next (its pieces come, its end): the
+        progress that can end a wait for audio. New text is none, and pieces of later
+        chunks (another worker's) play only after it: a stalled head stays stalled while
+        they come."""
+        if self._seq >= len(self.chunks):
+            return (self._seq, 0, None, False)
+        chunk = self.chunks[self._seq]
+        return (self._seq, chunk.next_index + len(chunk.audio), chunk.total, chunk.failed)
 
     @property
     def complete(self) -> bool:

@@ -354,21 +354,23 @@ class Session:
     async def _reply_record(self, reply: Reply, status: Status, text: str) -> None:
         """A reply is ending (its client not yet told), however it ends: the agent's turn
         is what the user heard of it (with the tool calls it made and their results), saved
-        first; while the session ends, its gateway's last save keeps it."""
+        first; while the session ends, its gateway's last save keeps it. The turn it
+        answered is owed nothing more, unless the client is never told (the session
+        ended before a word of it played) or another answer replaces it."""
         turns = [*reply_turns(text, reply.tool_turns), *reply.tool_results]
         if not turns:
-            return  # nothing of it was heard: still owed, should the client come back
+            if reply.stopped or reply.superseded or self.owed is None:
+                return  # nothing heard, the client not told (or answered anew): still owed
+            self.owed = None  # failed or cancelled, as the client is about to be told
+            await self._save()
+            return
         self.owed = None
         self.history += turns  # in place: Replies reads the same list
         await self._save()
 
     async def _reply_ended(self, reply: Reply, status: Status, text: str) -> None:
-        """A reply ended and its client was told: the turn it answered is owed nothing more
-        (also when it failed, or was cancelled before a word was heard)."""
+        """A reply ended and its client was told (its record settled what is owed)."""
         self.replies.ended(reply)
-        if self.owed is not None:
-            self.owed = None
-            await self._save()
 
     async def _answer_owed(self) -> None:
         """A resumed session whose last turn was never answered (its gateway died while

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import cast
+from typing import Any, cast
 
 from services.common.bus.messages import TtsJob
 from services.common.protocol.events import SessionConfig
@@ -25,6 +25,8 @@ from tests.component.session_harness import (
     tone,
     tts_as,
 )
+
+ORIGINAL = FakeBus._synthesize
 
 
 class _Saves:
@@ -125,3 +127,62 @@ async def test_an_agent_not_safe_to_run_twice_is_not_run_again_on_resume() -> No
     assert error["code"] == "agent_failed" and "say it again" in error["message"]
     assert h.of_type("response.created") == []  # it may have booked already: not again
     assert store.saves[0] == (history, None)  # told once, not on every later resume
+
+
+async def _saved_when_told(synthesize: Any, cancel: bool) -> list[Any]:
+    """What the store held each time a `response.done` was written, for one typed turn."""
+    store = _Saves()
+    saved_when_told: list[Any] = []
+    with tts_as(synthesize):
+        async with running_session(store=cast(SessionStore, store)) as h:
+            send_text = h.socket.send_text
+
+            async def spy(text: str) -> None:
+                if '"response.done"' in text:  # what Redis holds as the client is told
+                    saved_when_told.append(store.saves[-1])
+                await send_text(text)
+
+            h.socket.send_text = spy  # type: ignore[method-assign]
+            await h.send({"type": "conversation.text", "text": "hello"})
+            await h.wait_for("response.created")
+            if cancel:
+                await h.send({"type": "response.cancel"})
+            done = await h.wait_for("response.done")
+    assert done["status"] == ("cancelled" if cancel else "failed")
+    return saved_when_told
+
+
+@on_virtual_time
+async def test_a_failed_or_cancelled_answer_is_owed_nothing_before_the_client_is_told() -> None:
+    async def fails(bus: FakeBus, job: TtsJob) -> None:
+        await asyncio.sleep(0.05)
+        bus.deliver(job.failed("tts_unavailable", "engine crashed"), None)
+
+    async def slow(bus: FakeBus, job: TtsJob) -> None:
+        await asyncio.sleep(30)
+
+    told_nothing_owed = [([Turn("user", "hello")], None)]  # a crash now: no repeat
+    assert await _saved_when_told(fails, cancel=False) == told_nothing_owed
+    assert await _saved_when_told(slow, cancel=True) == told_nothing_owed
+
+
+@on_virtual_time
+async def test_an_answer_asked_again_before_a_word_played_leaves_the_turn_owed() -> None:
+    async def slow_first(bus: FakeBus, job: TtsJob) -> None:
+        if len(bus.tts_jobs) == 1:
+            await asyncio.sleep(30)  # the first answer's audio never comes
+            return
+        await ORIGINAL(bus, job)
+
+    store = _Saves()
+    with tts_as(slow_first):
+        async with running_session(store=cast(SessionStore, store)) as h:
+            await h.send({"type": "conversation.text", "text": "hello"})
+            await h.wait_for("response.created")
+            await h.send({"type": "response.create"})  # the agent again, same history
+            await h.wait_for("response.created", 2)
+            owed_while_answering = h.session.owed
+            done = await h.wait_for("response.done", 2)
+    assert owed_while_answering == ""  # the second answer still owes the turn
+    assert done["status"] == "completed"
+    assert store.saves[-1] == ([Turn("user", "hello"), Turn("agent", "hello")], None)

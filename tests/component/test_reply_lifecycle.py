@@ -235,6 +235,25 @@ async def test_agent_text_gives_a_stalled_tts_no_more_time() -> None:
     assert h.time_of("response.done") - first_job == pytest.approx(timeout_s, abs=0.1)
 
 
+@on_virtual_time
+async def test_later_chunks_audio_gives_a_stalled_first_chunk_no_more_time() -> None:
+    original = FakeBus._synthesize
+
+    async def first_stalls(bus: FakeBus, job: TtsJob) -> None:
+        if job.seq == 0:
+            await asyncio.Event().wait()  # this worker hangs; the others answer
+        await original(bus, job)
+
+    timeout_s = GatewaySection().tts_timeout_s
+    with tts_as(first_stalls):
+        async with running_session(agents={**AGENTS, "echo": scripted(_talks_on)}) as h:
+            await h.send({"type": "conversation.text", "text": "go on"})
+            done = await h.wait_for("response.done", timeout_s=120)
+    assert done["status"] == "failed" and h.audio_bytes() == 0
+    first_job = h.bus.tts_jobs[0][0]
+    assert h.time_of("response.done") - first_job == pytest.approx(timeout_s, abs=0.1)
+
+
 async def _tool_then_stall() -> AsyncIterator[AgentOutput]:
     """A sentence, a tool, a second sentence whose TTS never answers, and more text later."""
     yield "Let me look that up for you."
