@@ -1,4 +1,10 @@
-"""The gateway's side of the Redis bus: submit jobs, receive results on its own stream."""
+"""The gateway's side of the Redis bus: submit jobs, receive results on its own stream.
+
+The jobs a turn needs (a final transcript, a reply's speech) are kept here until their
+result comes, for as long as the session waits for it: a Redis that lost them (restarted
+without persistence, a replica promoted without them) gets them again, so an answer in
+flight when Redis went down is still given (docs/fault-drill.md).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -17,9 +24,18 @@ from redis.exceptions import ResponseError
 from services.common.bus.connection import REDIS_DOWN, REDIS_FAILED
 from services.common.bus.durable import Fields
 from services.common.bus.keys import Keys
-from services.common.bus.messages import RESULTS, AsrJob, BusResult, TtsJob
+from services.common.bus.messages import (
+    RESULTS,
+    AsrJob,
+    AsrResult,
+    BusResult,
+    JobFailed,
+    TtsDone,
+    TtsJob,
+)
 from services.common.bus.settings import RedisSettings
 from services.common.bus.streams import JobStream, cancel
+from services.gateway import metrics
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +44,22 @@ Sleep = Callable[[float], Awaitable[None]]
 SEEN_RESULTS = 8192  # results remembered to drop repeats (a job replayed after a failover)
 RETRY_FIRST_S = 0.25  # the first pause between tries of a turn's job; doubles up to RETRY_MAX_S
 RETRY_MAX_S = 2.0
+KEEP_S = 120.0
+"""How long a turn's job is kept for `resubmit_lost` when neither its result nor its
+response's cancel comes (its session ended, say): well past every timeout of a session's."""
+
+
+@dataclass
+class _InFlight:
+    """A turn's job submitted and not yet answered."""
+
+    stream: JobStream
+    fields: Fields
+    entry_id: bytes
+    """Where it lies in its stream (a Redis that lost it has no such entry)."""
+    response_id: str | None
+    until: float
+    """Clock time after which it is forgotten (`KEEP_S` after it went)."""
 
 
 @contextlib.asynccontextmanager
@@ -79,6 +111,9 @@ class GatewayBus:
             for stream in self.keys.job_shards("tts")
         ]
         self._seen: OrderedDict[tuple[str, str, int, int], None] = OrderedDict()
+        self._in_flight: dict[str, _InFlight] = {}
+        """The turns' jobs by id, until their result (`_answered`) or their response's
+        cancel (or `KEEP_S`)."""
 
     async def submit_asr(self, job: AsrJob, pcm16: bytes) -> None:
         """A final transcript is a user's turn: it waits for replicas (`wait_replicas`) and
@@ -86,7 +121,7 @@ class GatewayBus:
         stream = self._asr[job.mode][self.keys.shard_of(job.session_id)]
         fields: Fields = {b"meta": job.dump(), b"audio": pcm16}
         if job.mode == "final":
-            await self._submit_turn(stream, fields, f"the ASR job {job.job_id}")
+            await self._submit_turn(stream, fields, job.job_id, None)
             return
         async with _unreachable(f"the ASR job {job.job_id}"):
             await stream.submit(fields)
@@ -94,18 +129,24 @@ class GatewayBus:
     async def submit_tts(self, job: TtsJob) -> None:
         """The spoken answer of a turn: it waits for replicas and is tried again too."""
         stream = self._tts[self.keys.shard_of(job.session_id)]
-        await self._submit_turn(stream, {b"meta": job.dump()}, f"the TTS job {job.job_id}")
+        await self._submit_turn(stream, {b"meta": job.dump()}, job.job_id, job.response_id)
 
-    async def _submit_turn(self, stream: JobStream, fields: Fields, what: str) -> None:
+    async def _submit_turn(
+        self, stream: JobStream, fields: Fields, job_id: str, response_id: str | None
+    ) -> None:
         """Submit a job a turn needs, trying again for `retry_s` while Redis is out of reach
         (a failover: the cluster client gives up on a dead master before a replica is
-        promoted). A try that reached Redis before its connection broke may leave the job
-        twice: workers skip a job already done and results are de-duplicated by job id."""
+        promoted), and keep it until its result comes (`resubmit_lost`). A try that reached
+        Redis before its connection broke may leave the job twice: workers skip a job
+        already done and results are de-duplicated by job id."""
+        what = f"the {stream.group.upper()} job {job_id}"
         deadline = self._clock() + self.retry_s
         pause = RETRY_FIRST_S
         while True:
             try:
-                await stream.submit(fields, durable=True)
+                entry_id = await stream.submit(fields, durable=True)
+                until = self._clock() + KEEP_S
+                self._keep(job_id, _InFlight(stream, fields, entry_id, response_id, until))
                 return
             except REDIS_DOWN as exc:
                 left = deadline - self._clock()
@@ -117,8 +158,43 @@ class GatewayBus:
                 pause = min(pause * 2, RETRY_MAX_S)
 
     async def cancel(self, response_id: str) -> None:
+        for job_id in [j for j, job in self._in_flight.items() if job.response_id == response_id]:
+            del self._in_flight[job_id]
         async with _unreachable(f"the cancellation of {response_id}"):
             await cancel(self.redis, self.keys, self.settings, response_id)
+
+    def _keep(self, job_id: str, job: _InFlight) -> None:
+        now = self._clock()
+        for old in [j for j, kept in self._in_flight.items() if kept.until < now]:
+            del self._in_flight[old]  # its session is long over
+        self._in_flight[job_id] = job
+
+    def _answered(self, result: BusResult) -> None:
+        """A job's last result came: it is no longer kept."""
+        final = isinstance(result, TtsDone | JobFailed) or (
+            isinstance(result, AsrResult) and result.mode == "final"
+        )
+        if final:
+            self._in_flight.pop(result.job_id, None)
+
+    async def resubmit_lost(self) -> int:
+        """Submit again the turns' jobs Redis no longer has (it came back empty, or a replica
+        was promoted without them): one pipelined look-up of their entries. How many went
+        again. Called by the result reader after an outage or a quiet read."""
+        now = self._clock()
+        kept = [(j, job) for j, job in self._in_flight.items() if job.until >= now]
+        if not kept:
+            return 0
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for _, job in kept:
+                pipe.xrange(job.stream.stream, job.entry_id, job.entry_id, count=1)
+            found: list[Any] = await pipe.execute()
+        lost = [(j, job) for (j, job), entries in zip(kept, found, strict=True) if not entries]
+        for job_id, job in lost:
+            log.warning("job %s lost with Redis's data: submitted again", job_id)
+            job.entry_id = await job.stream.submit(job.fields, durable=True)
+            metrics.JOBS_RESUBMITTED.labels(job.stream.group).inc()
+        return len(lost)
 
     async def route_results(self, deliver: Deliver) -> None:
         """Read this gateway's result stream forever, handing each result to `deliver`.
@@ -134,6 +210,7 @@ class GatewayBus:
             try:
                 if suspect:
                     cursor = await self._checked_cursor(cursor)
+                    await self.resubmit_lost()
                 reply: Any = await self.redis.xread(
                     {self.reply_to: cursor}, count=256, block=self.settings.block_ms
                 )
@@ -186,6 +263,7 @@ class GatewayBus:
         if self._repeat(result):
             log.info("repeated result of job %s dropped", result.job_id)
             return
+        self._answered(result)
         try:
             deliver(result, fields.get(b"audio"))
         except Exception:  # one session's fault: the reader serves every other session

@@ -101,6 +101,12 @@ SPECULATIVE_ASR = Counter(
     "or failed.",
     ["outcome"],
 )
+JOBS_RESUBMITTED = Counter(
+    "va_gateway_jobs_resubmitted_total",
+    "Jobs of a turn in flight (a final transcript, a reply's speech) that Redis lost (it came "
+    "back empty, or a replica was promoted without them), submitted again, by kind (asr, tts).",
+    ["kind"],
+)
 OWED_ANSWERS = Counter(
     "va_gateway_owed_answers_total",
     "Resumed sessions whose last turn was still to be answered (its gateway died while "

@@ -3,7 +3,8 @@
 - a demoted master (REPLICAOF, a planned CLUSTER FAILOVER) answers the gateway's blocked
   XREAD with `UNBLOCKED`: the result reader goes on;
 - a Redis that came back empty numbers results by its own clock, maybe behind the reader's
-  cursor: the reader starts over instead of skipping them;
+  cursor: the reader starts over instead of skipping them; the turns' jobs it lost (not
+  yet answered, nor cancelled) are submitted again;
 - a job whose `reply_to` names a key of another type (WRONGTYPE) is answered failed and
   acknowledged, not retried as if Redis were down; dead-lettering one never strands the
   other jobs claimed with it;
@@ -24,7 +25,7 @@ from redis.asyncio import Redis
 
 from services.common.bus.connection import connect
 from services.common.bus.keys import Keys
-from services.common.bus.messages import AsrResult
+from services.common.bus.messages import AsrResult, TtsJob
 from services.common.bus.settings import RedisSettings
 from services.common.bus.streams import Delivery, JobStream, publish
 from services.common.bus.worker import JobWorker
@@ -140,6 +141,68 @@ async def test_a_result_stream_rewritten_behind_the_cursor_is_read_again(
         await reader.background.stop()
         await redis.aclose()
         await writer.aclose()
+
+
+def speech(job_id: str, response_id: str, reply_to: str) -> TtsJob:
+    return TtsJob(
+        job_id=job_id,
+        session_id="s",
+        response_id=response_id,
+        seq=0,
+        text="Hello.",
+        voice="v",
+        sample_rate=16000,
+        reply_to=reply_to,
+    )
+
+
+async def _job_ids(redis: Redis, stream: str) -> list[str]:
+    entries: Any = await redis.xrange(stream)
+    return [json.loads(fields[b"meta"])["job_id"] for _, fields in entries]
+
+
+async def test_the_turns_jobs_a_redis_lost_are_submitted_again(tmp_path: Path) -> None:
+    """Three TTS jobs in flight: one answered, one cancelled, one waiting. Redis comes back
+    empty: the waiting one is submitted again, alone; once answered, the next empty Redis
+    gets nothing again."""
+    port = free_port()
+    proc = start_redis(port, tmp_path)
+    settings = RedisSettings(url=f"redis://127.0.0.1:{port}/0", prefix="lost", block_ms=300)
+    redis, writer = connect(settings), connect(settings)
+    reader = Reader(redis, settings)
+    stream = reader.bus.keys.job_shards("tts")[0]
+    jobs = {n: speech(n, f"resp_{n}", reader.bus.reply_to) for n in ("done", "gone", "waiting")}
+    try:
+        for job in jobs.values():
+            await reader.bus.submit_tts(job)
+        answered = jobs["done"].done(1, 200, "completed").dump()
+        await publish(writer, settings, reader.bus.reply_to, {b"meta": answered})
+        await publish(writer, settings, reader.bus.reply_to, result("answered"))
+        await reader.delivered("answered")
+        await reader.bus.cancel("resp_gone")
+        assert await _job_ids(writer, stream) == ["done", "gone", "waiting"]
+        for restart in (1, 2):
+            proc.terminate()
+            proc.wait(10)
+            proc = start_redis(port, tmp_path)  # empty
+            if restart == 1:
+
+                async def sent_again() -> bool:
+                    return await _job_ids(writer, stream) == ["waiting"]
+
+                await until(sent_again)
+                answer = jobs["waiting"].done(1, 200, "completed").dump()
+                await publish(writer, settings, reader.bus.reply_to, {b"meta": answer})
+            # a result read after the outage: the reader has looked for lost jobs before it
+            await publish(writer, settings, reader.bus.reply_to, result(f"after {restart}"))
+            await reader.delivered(f"after {restart}")
+        assert await _job_ids(writer, stream) == []
+    finally:
+        await reader.background.stop()
+        await redis.aclose()
+        await writer.aclose()
+        proc.terminate()
+        proc.wait(10)
 
 
 def owned(job_id: str, reply_to: str) -> dict[bytes, bytes]:
