@@ -56,6 +56,16 @@ from services.gateway.codec import AudioIn, ClientInput, Decoded, Outgoing, User
 REALTIME_SESSION: dict[str, object] = {"input_sample_rate": 24000, "output_sample_rate": 24000}
 """A `/v1/realtime` session starts with OpenAI's formats: PCM16 at 24 kHz both ways."""
 
+TRANSCRIPTION_FAILED = frozenset(
+    {"asr_unavailable", "invalid_audio", "invalid_message", "unsupported_sample_rate"}
+)
+"""The codes of a turn's failed transcription (`hearing.job_error`: the ASR's own when it
+names the audio, else `asr_unavailable`), as an error of no client event: the committed
+turn will not be answered."""
+
+ITEMS_KEPT = 256
+"""The items `conversation.item.retrieve` can find: the conversation's most recent."""
+
 
 @dataclass
 class _Reply:
@@ -65,6 +75,8 @@ class _Reply:
     item_id: str
     transcript: list[str] = field(default_factory=list)
     client_cancelled: bool = False
+    audio_done: bool = False
+    """Its audio part was closed (`response.output_audio.done` sent)."""
     calls: list[dict[str, Any]] = field(default_factory=list)
     """Its function_call items (output 1, 2, ...), sent as they came."""
 
@@ -94,9 +106,14 @@ class RealtimeCodec:
         self._client_event: str | None = None  # event_id of the client event being handled
         self._open_item: str | None = None  # the user's utterance the VAD has open
         self._last_item: str | None = None
+        self._items: dict[str, dict[str, Any]] = {}
+        """The last ITEMS_KEPT items by id, each as the client was last told of it."""
         self._partials: dict[str, str] = {}
+        """Per utterance, the interim transcript sent as deltas (or held: no item yet)."""
         self._reply: _Reply | None = None
-        self._answering_commit = False  # a manual commit's turn will be answered by itself
+        self._answering_commit = False
+        """A committed turn (a manual commit, or the VAD's end of turn) is answered by the
+        Session once transcribed: a response.create meanwhile is that answer."""
         self._create_waiting: str | None = None
         """The event_id ("" without one) of a response.create left to a committed turn's
         transcript: an empty transcript answers it with an error, never with silence."""
@@ -130,16 +147,23 @@ class RealtimeCodec:
                         "no speech heard since the last commit: nothing to commit",
                         "input_audio_buffer_commit_empty",
                     )
-                self._answering_commit = True
+                self._answering_commit = not self.duplex
                 return [InputAudioCommit(type="input_audio.commit")]
             case rt.Clear():
+                self._partials.pop(self._open_item or "", None)
                 self._open_item = None
                 self._emit({"type": "input_audio_buffer.cleared"})
                 return [InputAudioClear(type="input_audio.clear")]
             case rt.ItemCreate() if event.item.type == "function_call_output":
-                return [self._tool_output(event.item, event.previous_item_id)]
+                return [self._tool_output(event.item)]
             case rt.ItemCreate():
-                return [self._create_item(event.item, event.previous_item_id)]
+                return [self._create_item(event.item)]
+            case rt.Truncate():
+                self._truncate(event)
+                return []
+            case rt.Retrieve():
+                self._emit({"type": "conversation.item.retrieved", "item": self._known(event)})
+                return []
             case rt.ResponseCreate():
                 if self._reply is not None and not self.duplex:
                     raise rt.RealtimeError(
@@ -170,7 +194,7 @@ class RealtimeCodec:
             where = "session." + ".".join(str(p) for p in first["loc"])
             raise rt.RealtimeError(f"{where}: {first['msg']}", "invalid_value", where) from exc
 
-    def _tool_output(self, item: rt.Item, previous: str | None) -> ConversationToolResult:
+    def _tool_output(self, item: rt.Item) -> ConversationToolResult:
         """A `function_call_output` item: the result of a call, for the agent's next answer."""
         if not item.call_id or item.output is None:
             raise rt.RealtimeError(
@@ -185,15 +209,7 @@ class RealtimeCodec:
                 "item.call_id",
             )
         item_id = item.id or f"item_{uuid.uuid4().hex[:16]}"
-        created = shapes.function_output_item(item_id, item.call_id, item.output)
-        self._emit(
-            {
-                "type": "conversation.item.created",
-                "previous_item_id": previous or self._last_item,
-                "item": created,
-            }
-        )
-        self._last_item = item_id
+        self._added(shapes.function_output_item(item_id, item.call_id, item.output))
         return ConversationToolResult(
             type="conversation.tool_result", call_id=item.call_id, output=item.output
         )
@@ -210,7 +226,7 @@ class RealtimeCodec:
         step = 2 * rate  # the Session takes frames of at most one second
         return [AudioIn(pcm[start : start + step]) for start in range(0, len(pcm), step)]
 
-    def _create_item(self, item: rt.Item, previous: str | None) -> UserItem:
+    def _create_item(self, item: rt.Item) -> UserItem:
         """A user text item joins the conversation now (a voice turn before the next
         response.create hears it too); it is answered by a response.create."""
         texts = [c.text for c in item.content if c.type in ("input_text", "text") and c.text]
@@ -233,8 +249,40 @@ class RealtimeCodec:
             )
         item_id = item.id or f"item_{uuid.uuid4().hex[:16]}"
         content = [{"type": "input_text", "text": t} for t in texts]
-        self._item_created(item_id, "user", content, previous or self._last_item)
+        self._added(shapes.message_item(item_id, "user", "completed", content))
         return UserItem(text)
+
+    def _truncate(self, event: rt.Truncate) -> None:
+        """The server cut the item to what was heard already (the gateway paces its audio):
+        a truncate is acknowledged, and changes nothing."""
+        item = self._known(event)
+        if item["type"] != "message" or item["role"] != "assistant":
+            raise rt.RealtimeError(
+                "Only assistant messages with audio can be truncated.", "invalid_value", "item_id"
+            )
+        self._emit(
+            {
+                "type": "conversation.item.truncated",
+                "item_id": event.item_id,
+                "content_index": event.content_index,
+                "audio_end_ms": event.audio_end_ms,
+            }
+        )
+
+    def _known(self, event: rt.Truncate | rt.Retrieve) -> dict[str, Any]:
+        """The item a truncate or retrieve names, or OpenAI's error for one not found."""
+        item = self._items.get(event.item_id)
+        if item is None:
+            doing, verb = (
+                ("truncating", "truncate")
+                if isinstance(event, rt.Truncate)
+                else ("retrieving", "retrieve")
+            )
+            raise rt.RealtimeError(
+                f"Error {doing} item: the item with id {event.item_id!r} does not exist.",
+                f"item_{verb}_invalid_item_id",
+            )
+        return item
 
     # ------------------------------------------------------------ Session → client
 
@@ -261,6 +309,7 @@ class RealtimeCodec:
                 self._partial(event)
             case TranscriptFinal():
                 self._partials.pop(event.utterance_id, None)
+                self._heard(event)
                 self._emit(
                     {
                         "type": "conversation.item.input_audio_transcription.completed",
@@ -312,7 +361,7 @@ class RealtimeCodec:
     def _error(
         self, code: str, message: str, param: str | None, fatal: bool, cause: str | None
     ) -> None:
-        if code == "asr_unavailable":  # a committed turn not transcribed will not be answered
+        if cause is None and code in TRANSCRIPTION_FAILED:  # the turn will not be answered
             self._answering_commit = False
             self._create_waiting = None  # this error answers its response.create
         self._emit(shapes.error_event(code, message, param, cause, fatal))
@@ -333,18 +382,34 @@ class RealtimeCodec:
         out, self._out = self._out, []
         return out
 
-    def _item_created(
-        self, item_id: str, role: str, content: list[dict[str, Any]], previous: str | None
-    ) -> None:
-        item = shapes.message_item(item_id, role, "completed", content)
+    def _added(self, item: dict[str, Any]) -> None:
+        """An item joins the conversation, at its end (whatever `previous_item_id` a
+        client asked for): `previous_item_id` says which item it follows."""
         self._emit(
-            {"type": "conversation.item.created", "previous_item_id": previous, "item": item}
+            {"type": "conversation.item.created", "previous_item_id": self._last_item, "item": item}
         )
-        self._last_item = item_id
+        self._last_item = item["id"]
+        self._described(item)
+
+    def _described(self, item: dict[str, Any]) -> None:
+        """The item as the client was last told of it, for `conversation.item.retrieve`."""
+        self._items.pop(item["id"], None)
+        self._items[item["id"]] = item
+        if len(self._items) > ITEMS_KEPT:
+            del self._items[next(iter(self._items))]
+
+    def _heard(self, event: TranscriptFinal) -> None:
+        """A user audio item's transcript, once it came."""
+        item = self._items.get(event.utterance_id)
+        if item is not None:
+            content = [{"type": "input_audio", "transcript": event.text}]
+            self._items[event.utterance_id] = {**item, "content": content}
 
     def _speech_stopped(self, event: SpeechStopped) -> None:
         item_id = event.utterance_id
         self._open_item = None
+        if not self.duplex:  # answered once transcribed (the duplex model answers by itself)
+            self._answering_commit = True
         previous = self._last_item
         self._emit(
             {
@@ -361,21 +426,34 @@ class RealtimeCodec:
             }
         )
         content = [{"type": "input_audio", "transcript": None}]
-        self._item_created(item_id, "user", content, previous)
+        self._added(shapes.message_item(item_id, "user", "completed", content))
+        held = self._partials.get(item_id, "")
+        if held:
+            self._transcription_delta(item_id, held)
 
     def _partial(self, event: TranscriptPartial) -> None:
         """Our partials are whole interim texts; OpenAI's deltas are increments: send what a
-        partial adds to the previous one (a revision that changes earlier words sends none)."""
-        before = self._partials.get(event.utterance_id, "")
+        partial adds to the previous one (a revision that changes earlier words sends none).
+        Before the utterance's item exists, the latest is held: sent once it does (one of
+        an utterance cleared meanwhile, never)."""
+        utterance = event.utterance_id
+        if utterance not in self._items:
+            if utterance == self._open_item:
+                self._partials[utterance] = event.text
+            return
+        before = self._partials.get(utterance, "")
         if not event.text.startswith(before) or len(event.text) == len(before):
             return
-        self._partials[event.utterance_id] = event.text
+        self._partials[utterance] = event.text
+        self._transcription_delta(utterance, event.text[len(before) :])
+
+    def _transcription_delta(self, item_id: str, delta: str) -> None:
         self._emit(
             {
                 "type": "conversation.item.input_audio_transcription.delta",
-                "item_id": event.utterance_id,
+                "item_id": item_id,
                 "content_index": 0,
-                "delta": event.text[len(before) :],
+                "delta": delta,
             }
         )
 
@@ -403,10 +481,7 @@ class RealtimeCodec:
                 "item": item,
             }
         )
-        self._emit(
-            {"type": "conversation.item.created", "previous_item_id": self._last_item, "item": item}
-        )
-        self._last_item = reply.item_id
+        self._added(item)
         part = {"type": "audio", "transcript": ""}
         self._emit({"type": "response.content_part.added", **self._part(reply), "part": part})
 
@@ -438,14 +513,7 @@ class RealtimeCodec:
         self._emit(
             {"type": "response.output_item.added", **_minus(ref, "item_id"), "item": started}
         )
-        self._emit(
-            {
-                "type": "conversation.item.created",
-                "previous_item_id": self._last_item,
-                "item": started,
-            }
-        )
-        self._last_item = item_id
+        self._added(started)
         args = event.arguments
         self._emit(
             {
@@ -460,14 +528,21 @@ class RealtimeCodec:
         )
         done = shapes.function_call_item(item_id, "completed", call, args)
         self._emit({"type": "response.output_item.done", **_minus(ref, "item_id"), "item": done})
+        self._described(done)
         reply.calls.append(done)
 
     def _audio_done(self, event: ResponseAudioDone) -> None:
         reply = self._reply
         if reply is None or reply.id != event.response_id:
             return
+        self._close_audio(reply, "".join(reply.transcript))
+
+    def _close_audio(self, reply: _Reply, transcript: str) -> None:
+        """The audio part's two `.done` events, once per response."""
+        if reply.audio_done:
+            return
+        reply.audio_done = True
         self._emit({"type": "response.output_audio.done", **self._part(reply)})
-        transcript = "".join(reply.transcript)
         self._emit(
             {
                 "type": "response.output_audio_transcript.done",
@@ -483,6 +558,7 @@ class RealtimeCodec:
         self._reply = None
         item_status = "completed" if event.status == "completed" else "incomplete"
         item = shapes.assistant_item(reply.item_id, item_status, event.text, self.beta)
+        self._close_audio(reply, event.text)  # a cut one's too (what was heard), as OpenAI
         part = {"type": "audio", "transcript": event.text}
         self._emit({"type": "response.content_part.done", **self._part(reply), "part": part})
         self._emit(
@@ -493,6 +569,7 @@ class RealtimeCodec:
                 "item": item,
             }
         )
+        self._described(item)
         response = self._response(reply, event.status, [item, *reply.calls])
         self._emit({"type": "response.done", "response": response})
 

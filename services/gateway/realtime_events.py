@@ -145,18 +145,39 @@ class ResponseCancel(_Event):
     response_id: str | None = None
 
 
+class Truncate(_Event):
+    """What the client played of an assistant item (the server keeps what was heard
+    already: acknowledged, nothing more)."""
+
+    type: Literal["conversation.item.truncate"]
+    item_id: str = Field(max_length=64)
+    content_index: int = Field(ge=0)
+    audio_end_ms: int = Field(ge=0)
+
+
+class Retrieve(_Event):
+    type: Literal["conversation.item.retrieve"]
+    item_id: str = Field(max_length=64)
+
+
 UNSUPPORTED = frozenset(
     {
         "conversation.item.delete",
-        "conversation.item.retrieve",
-        "conversation.item.truncate",
         "output_audio_buffer.clear",
         "transcription_session.update",
     }
 )
 
 ClientEvent = Annotated[
-    SessionUpdate | Append | Commit | Clear | ItemCreate | ResponseCreate | ResponseCancel,
+    SessionUpdate
+    | Append
+    | Commit
+    | Clear
+    | ItemCreate
+    | Truncate
+    | Retrieve
+    | ResponseCreate
+    | ResponseCancel,
     Field(discriminator="type"),
 ]
 CLIENT_EVENTS: TypeAdapter[ClientEvent] = TypeAdapter(ClientEvent)
@@ -201,7 +222,8 @@ def _validate(raw: dict[str, Any]) -> ClientEvent:
             raise RealtimeError(
                 f"Invalid value: {kind!r}. Supported values are: session.update, "
                 "input_audio_buffer.append, input_audio_buffer.commit, "
-                "input_audio_buffer.clear, conversation.item.create, response.create, "
+                "input_audio_buffer.clear, conversation.item.create, "
+                "conversation.item.truncate, conversation.item.retrieve, response.create, "
                 "response.cancel.",
                 "invalid_value",
                 "type",

@@ -105,7 +105,15 @@ BETA_NAMES = {
 }
 """GA event names → the beta names (`OpenAI-Beta: realtime=v1` clients)."""
 
-_CLIENT_CODES = ("invalid", "unsupported", "input_audio", "response_cancel")
+_CLIENT_CODES = (
+    "invalid",
+    "unsupported",
+    "input_audio",
+    "response_cancel",
+    "conversation_already_has_active_response",
+    "item_",  # item_truncate_invalid_item_id, item_retrieve_invalid_item_id
+)
+"""Prefixes of the codes of the client's mistakes (`invalid_request_error`)."""
 
 
 def framed(event: dict[str, Any], beta: bool) -> dict[str, Any]:

@@ -8,6 +8,9 @@ import base64
 from collections.abc import AsyncIterator
 from typing import Any
 
+from openai.types.realtime import RealtimeServerEvent
+from pydantic import TypeAdapter
+
 from services.common.errors import AgentFailed
 from services.common.protocol.events import SessionConfig
 from services.gateway.agent import AGENTS, Turn
@@ -17,6 +20,7 @@ from tests.component.test_prepared_reply import Recording
 
 CONFIG = SessionConfig(id="sess_rt", input_sample_rate=16000, output_sample_rate=16000)
 PUSH_TO_TALK = CONFIG.model_copy(update={"turn_detection": None})
+SERVER_EVENTS: TypeAdapter[RealtimeServerEvent] = TypeAdapter(RealtimeServerEvent)
 
 
 def _text_item(text: str, event_id: str | None = None) -> dict[str, Any]:
@@ -86,6 +90,81 @@ async def test_push_to_talk_with_no_words_heard_answers_the_create_with_an_error
     assert h.of_type("response.created") == []
 
 
+@on_virtual_time
+async def test_a_response_create_before_a_vad_turns_transcript_is_that_turns_answer() -> None:
+    """server_vad, and a client that asks for the answer once `committed` comes: one
+    response, to the user's words (a second one answered an empty history, and was cut
+    60 ms later by the turn's own)."""
+    calls: list[list[Turn]] = []
+    async with running_session(
+        codec=RealtimeCodec(),
+        config=CONFIG,
+        transcripts=["what time is it"],
+        agents=recording(calls),
+        asr_delay_s=0.6,
+    ) as h:
+        speaking = asyncio.create_task(h.say(silence(200), tone(900), silence(3000)))
+        await h.wait_for("input_audio_buffer.committed")
+        await h.send({"type": "response.create", "event_id": "evt_create"})
+        done = (await h.wait_for("response.done"))["response"]
+        await speaking
+        await asyncio.sleep(2)
+    assert calls == [[Turn("user", "what time is it")]]
+    assert (done["status"], len(h.of_type("response.created"))) == ("completed", 1)
+    assert _errors(h) == []
+
+
+@on_virtual_time
+async def test_a_barge_in_closes_the_audio_part_and_the_sdks_truncate_and_retrieve_work() -> None:
+    """The user speaks over the answer: its audio part is closed (once, with what was
+    heard) before the response is done; then what openai-agents sends on a barge-in
+    (truncate the answer it played) and after a transcription (retrieve the user's item)
+    is answered, in the SDK's types."""
+    async with running_session(
+        codec=RealtimeCodec(), config=CONFIG, transcripts=["stop"], agents=recording([])
+    ) as h:
+        await h.send(_text_item("tell me a story"))
+        await h.send({"type": "response.create"})
+        await h.wait_for("response.output_audio.delta", 5)
+        await asyncio.sleep(1.0)
+        await h.say(silence(100), tone(900), silence(1000))
+        cut = (await h.wait_for("response.done"))["response"]
+        answer = cut["output"][0]["id"]
+        await h.send(
+            {
+                "type": "conversation.item.truncate",
+                "item_id": answer,
+                "audio_end_ms": 1200,
+                "content_index": 0,
+            }
+        )
+        heard = await h.wait_for("conversation.item.input_audio_transcription.completed")
+        await h.send({"type": "conversation.item.retrieve", "item_id": heard["item_id"]})
+        retrieved = await h.wait_for("conversation.item.retrieved")
+        truncated = h.of_type("conversation.item.truncated")[0]
+        await h.wait_for("response.done", 2)
+    closing = [
+        "output_audio_buffer.cleared",
+        "response.output_audio.done",
+        "response.output_audio_transcript.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.done",
+    ]
+    kinds = [e["type"] for _, e in h.socket.events if e["type"] in closing]
+    assert kinds[:6] == closing  # the cut response's; the answer to "stop" follows
+    assert kinds[6:] == closing[1:]  # one audio part closed per response
+    assert (cut["status"], cut["status_details"]["reason"]) == ("cancelled", "turn_detected")
+    said = h.of_type("response.output_audio_transcript.done")[0]["transcript"]
+    assert said == cut["output"][0]["content"][0]["transcript"]
+    assert 0 < len(said) < len("Here is a long answer with many words that takes seconds to say.")
+    assert (truncated["item_id"], truncated["audio_end_ms"]) == (answer, 1200)
+    assert retrieved["item"]["content"] == [{"type": "input_audio", "transcript": "stop"}]
+    for event in (truncated, retrieved, *h.of_type("response.output_audio.done")):
+        SERVER_EVENTS.validate_python(event)
+    assert _errors(h) == []
+
+
 class Failing:
     name = "failing"
     prepare_safe = True
@@ -127,9 +206,9 @@ async def test_one_response_at_a_time_and_a_cancel_names_the_one_under_way() -> 
         await h.wait_for("error", 2)
         await h.send({"type": "response.cancel", "response_id": first})
         done = (await h.wait_for("response.done"))["response"]
-    assert [(e["code"], e["event_id"]) for e in _errors(h)] == [
-        ("conversation_already_has_active_response", "evt_second"),
-        ("response_cancel_not_active", "evt_c"),
+    assert [(e["type"], e["code"], e["event_id"]) for e in _errors(h)] == [
+        ("invalid_request_error", "conversation_already_has_active_response", "evt_second"),
+        ("invalid_request_error", "response_cancel_not_active", "evt_c"),
     ]
     assert (done["id"], done["status"]) == (first, "cancelled")
     assert len(h.of_type("response.created")) == 1

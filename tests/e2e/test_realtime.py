@@ -147,6 +147,16 @@ async def test_sdk_cancels_a_response(conversation: Events) -> None:
     assert done["response"]["status_details"]["reason"] == "client_cancelled"
     heard = done["response"]["output"][0]["content"][0]["transcript"]
     assert len(heard) < len(LONG_TEXT), "only what was heard before the cancel"
+    # the cut response's audio part is closed too, with what was heard, as OpenAI does
+    (closed,) = conversation.of("response.output_audio_transcript.done")
+    assert closed["transcript"] == heard and conversation.of("response.output_audio.done")
+    answer = done["response"]["output"][0]["id"]
+    await connection.conversation.item.truncate(item_id=answer, content_index=0, audio_end_ms=500)
+    truncated = await conversation.until("conversation.item.truncated", 10)
+    assert (truncated["item_id"], truncated["audio_end_ms"]) == (answer, 500)
+    await connection.conversation.item.retrieve(item_id=answer)
+    retrieved = await conversation.until("conversation.item.retrieved", 10)
+    assert retrieved["item"]["content"][0]["transcript"] == heard
 
 
 async def test_unknown_and_unsupported_events_get_errors_not_a_close(conversation: Events) -> None:
@@ -158,6 +168,18 @@ async def test_unknown_and_unsupported_events_get_errors_not_a_close(conversatio
     await connection.send({"type": "conversation.item.delete", "item_id": "x"})
     error = await conversation.until("error", 10)
     assert error["error"]["code"] == "unsupported_event"
+    await connection.conversation.item.retrieve(item_id="item_nope", event_id="evt_2")
+    error = await conversation.until("error", 10)
+    assert (error["error"]["type"], error["error"]["code"], error["error"]["event_id"]) == (
+        "invalid_request_error",
+        "item_retrieve_invalid_item_id",
+        "evt_2",
+    )
+    await connection.conversation.item.truncate(
+        item_id="item_nope", content_index=0, audio_end_ms=0
+    )
+    error = await conversation.until("error", 10)
+    assert error["error"]["code"] == "item_truncate_invalid_item_id"
     await connection.response.cancel()  # nothing to cancel
     error = await conversation.until("error", 10)
     assert error["error"]["code"] == "response_cancel_not_active"
@@ -241,6 +263,20 @@ async def test_speaking_over_the_agent_cancels_with_turn_detected(conversation: 
     assert done["response"]["status"] == "cancelled"
     assert done["response"]["status_details"]["reason"] == "turn_detected"
     assert conversation.of("input_audio_buffer.speech_started")
+    closing = [
+        "output_audio_buffer.cleared",
+        "response.output_audio.done",  # the cut response's audio part is closed too
+        "response.output_audio_transcript.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.done",
+    ]
+    assert [e["type"] for e in conversation.seen if e["type"] in closing] == closing
+    # what openai-agents does after each transcription: retrieve the user's item
+    heard = await conversation.until("conversation.item.input_audio_transcription.completed")
+    await connection.conversation.item.retrieve(item_id=heard["item_id"])
+    retrieved = await conversation.until("conversation.item.retrieved", 10)
+    assert retrieved["item"]["content"][0]["transcript"] == heard["transcript"]
 
 
 WEATHER_TOOL = {

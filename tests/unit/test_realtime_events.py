@@ -122,7 +122,9 @@ def test_an_odd_rate_is_unsupported() -> None:
         ("{", "invalid_json"),
         ('{"type": "session.update", "n": ' + "9" * 5000 + "}", "invalid_json"),
         ('{"type": "nope", "event_id": "e1"}', "invalid_value"),
-        ('{"type": "conversation.item.truncate", "event_id": "e1"}', "unsupported_event"),
+        ('{"type": "conversation.item.delete", "event_id": "e1"}', "unsupported_event"),
+        ('{"type": "conversation.item.truncate", "event_id": "e1"}', "invalid_value"),
+        ('{"type": "conversation.item.retrieve", "event_id": "e1"}', "invalid_value"),
         ('{"type": "input_audio_buffer.append", "event_id": "e1"}', "invalid_value"),
     ],
 )
