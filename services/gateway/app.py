@@ -30,7 +30,7 @@ from services.common.service.routes import ServiceState, install_ops
 from services.common.service.ws import Channel, failing_typed
 from services.gateway import metrics, tools, twilio_events
 from services.gateway.admission import Admission
-from services.gateway.agent import AGENTS, Agent, AgentContext, Turn, can_prepare, load_agents
+from services.gateway.agent import AGENTS, Agent, AgentContext, can_prepare, load_agents
 from services.gateway.bus import GatewayBus
 from services.gateway.codec import Codec, NativeCodec, SessionChannel
 from services.gateway.drain import CLOSE_WAIT_S, Drainer
@@ -42,7 +42,7 @@ from services.gateway.realtime import REALTIME_SESSION, RealtimeCodec
 from services.gateway.session import Session, SessionServices
 from services.gateway.settings import GatewaySettings
 from services.gateway.static import static_router
-from services.gateway.store import Resumable, SessionStore
+from services.gateway.store import Resumable, SessionStore, Unheard
 from services.gateway.turn_end import EndOfTurn, create_policy, listening
 from services.gateway.twilio import TWILIO_SESSION, TwilioCodec, WaitingRoom, wait_for_start
 
@@ -181,8 +181,12 @@ def create_app(
 
     async def save(session: Session | DuplexSession) -> None:
         """A session's save by its gateway (its last, or a drain's)."""
-        owed = session.owed if isinstance(session, Session) else None
-        await store.save(session.config, session.history, session.tenant, owed)
+        if isinstance(session, Session):
+            await store.save(
+                session.config, session.history, session.tenant, session.owed, session.taken
+            )
+        else:
+            await store.save(session.config, session.history, session.tenant)
 
     drainer = Drainer(sessions, state, busy=lambda session: session.busy(), save=save)
 
@@ -306,8 +310,8 @@ def create_app(
         }
         config = SessionConfig.model_validate({**given, **(initial or {})})
         config = token_settings(config, principal.session, agents)
-        history: list[Turn] = []
-        owed: str | None = None
+        stored = Resumable(config, [])
+        unheard: Unheard | None = None
         resumed_notice: str | None = None
         if restored is not None:
             resumed_id = restored[0].id
@@ -317,8 +321,8 @@ def create_app(
                 with contextlib.suppress(Forbidden):  # `admit` checked the tenant already
                     restored = await store.claim(resumed_id, principal.tenant, restored)
         if restored is not None and restored[0].id not in sessions:
-            config, history, owed = restored
-            config = config.model_copy(update={"resumed": True})
+            stored, unheard = restored, await store.unheard(restored.config.id)
+            config = stored.config.model_copy(update={"resumed": True})
             if config.agent not in agents:  # saved by a gateway with an agent this one lacks
                 resumed_notice = (
                     f"the agent {config.agent!r} is not on this gateway: {chosen.agent} answers"
@@ -334,7 +338,8 @@ def create_app(
         try:
             failing = failing_typed(channel.fail, f"session {config.id}")
             async with failing, asyncio.TaskGroup() as tasks:
-                session = await new_session(ws, config, channel, listener, tasks, history, owed)
+                begun = stored._replace(config=config)
+                session = await new_session(ws, channel, listener, tasks, begun, unheard)
                 sessions[config.id] = session
                 session_ended[config.id] = saved
                 drainer.opened()
@@ -377,14 +382,15 @@ def create_app(
 
     async def new_session(
         ws: WebSocket,
-        config: SessionConfig,
         channel: SessionChannel,
         listener: Listener,
         tasks: asyncio.TaskGroup,
-        history: list[Turn],
-        owed: str | None,
+        begun: Resumable,
+        unheard: Unheard | None,
     ) -> Session | DuplexSession:
-        """The session of the configured backend (a duplex one holds its slot already)."""
+        """The session of the configured backend (a duplex one holds its slot already), with
+        its settings and history (a resumed one's as stored, with what they still owe)."""
+        config, history = begun.config, begun.history
         tenant, meter = principal_of(ws).tenant, meter_of(ws)
         if section.backend == "duplex":
             headers = await relay_headers(ws, keys)
@@ -409,7 +415,9 @@ def create_app(
             tenant=tenant,
             meter=meter,
             history=history,
-            owed=owed,
+            owed=begun.owed,
+            taken=begun.taken,
+            unheard=unheard,
         )
 
     @app.websocket("/v1/stream")

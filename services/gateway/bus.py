@@ -115,16 +115,36 @@ class GatewayBus:
         """The turns' jobs by id, until their result (`_answered`) or their response's
         cancel (or `KEEP_S`)."""
 
-    async def submit_asr(self, job: AsrJob, pcm16: bytes) -> None:
+    async def submit_asr(self, job: AsrJob, pcm16: bytes) -> tuple[str, bytes] | None:
         """A final transcript is a user's turn: it waits for replicas (`wait_replicas`) and
-        is tried again while Redis is out of reach (a partial is dropped at once)."""
+        is tried again while Redis is out of reach (a partial is dropped at once). Where a
+        final one lies (its stream and entry: `job_audio` reads it back); None for a
+        partial, or a job dropped."""
         stream = self._asr[job.mode][self.keys.shard_of(job.session_id)]
         fields: Fields = {b"meta": job.dump(), b"audio": pcm16}
         if job.mode == "final":
-            await self._submit_turn(stream, fields, job.job_id, None)
-            return
+            entry_id = await self._submit_turn(stream, fields, job.job_id, None)
+            return None if entry_id is None else (stream.stream, entry_id)
         async with _unreachable(f"the ASR job {job.job_id}"):
             await stream.submit(fields)
+        return None
+
+    async def job_audio(self, stream: str, entry_id: str) -> tuple[AsrJob, bytes] | None:
+        """An ASR job submitted earlier (by any gateway process) and its audio, read back
+        from its entry; None when the stream no longer holds it, or Redis is out of reach."""
+        try:
+            entries: Any = await self.redis.xrange(stream, entry_id, entry_id, count=1)
+        except REDIS_FAILED as exc:
+            log.warning("could not read the ASR job at %s %s: %s", stream, entry_id, exc)
+            return None
+        if not entries:
+            return None
+        fields = entries[0][1]
+        try:
+            return AsrJob.model_validate_json(fields[b"meta"]), bytes(fields[b"audio"])
+        except (KeyError, ValidationError):
+            log.error("the ASR job at %s %s is unreadable", stream, entry_id)
+            return None
 
     async def submit_tts(self, job: TtsJob) -> None:
         """The spoken answer of a turn: it waits for replicas and is tried again too."""
@@ -133,12 +153,12 @@ class GatewayBus:
 
     async def _submit_turn(
         self, stream: JobStream, fields: Fields, job_id: str, response_id: str | None
-    ) -> None:
+    ) -> bytes | None:
         """Submit a job a turn needs, trying again for `retry_s` while Redis is out of reach
         (a failover: the cluster client gives up on a dead master before a replica is
         promoted), and keep it until its result comes (`resubmit_lost`). A try that reached
         Redis before its connection broke may leave the job twice: workers skip a job
-        already done and results are de-duplicated by job id."""
+        already done and results are de-duplicated by job id. Its entry id (None: dropped)."""
         what = f"the {stream.group.upper()} job {job_id}"
         deadline = self._clock() + self.retry_s
         pause = RETRY_FIRST_S
@@ -147,12 +167,12 @@ class GatewayBus:
                 entry_id = await stream.submit(fields, durable=True)
                 until = self._clock() + KEEP_S
                 self._keep(job_id, _InFlight(stream, fields, entry_id, response_id, until))
-                return
+                return entry_id
             except REDIS_DOWN as exc:
                 left = deadline - self._clock()
                 if left <= 0:
                     log.warning("redis unreachable: %s dropped (%s)", what, exc)
-                    return
+                    return None
                 log.info("redis unreachable: %s tried again (%s)", what, exc)
                 await self._sleep(min(pause, left))
                 pause = min(pause * 2, RETRY_MAX_S)

@@ -27,6 +27,7 @@ from services.gateway import metrics
 from services.gateway.bus import GatewayBus
 from services.gateway.pause import PauseWatch, Speculation
 from services.gateway.settings import GatewaySection
+from services.gateway.store import Unheard
 from services.gateway.turn_end import EndOfTurn, Heard
 
 Spawn = Callable[[Coroutine[Any, Any, None], str], asyncio.Task[None]]
@@ -54,8 +55,9 @@ class Utterance:
     id: str
     start_ms: int
     end_ms: int
-    speech_end_at: float
-    """Clock time of the end of the speech (voice-to-voice is timed from here)."""
+    speech_end_at: float | None
+    """Clock time of the end of the speech (voice-to-voice is timed from here); None for
+    one heard again on a resume (it ended on another connection)."""
 
 
 class HearingHooks(Protocol):
@@ -88,6 +90,9 @@ class HearingHooks(Protocol):
 
     async def asr_failed(self, error: VoiceAgentError) -> None:
         """No transcript will come for the utterance that ended last (failed or timed out)."""
+
+    async def note_unheard(self, unheard: Unheard | None) -> None:
+        """Where the utterance just sent for transcription lies (None: the user went on)."""
 
 
 @dataclass
@@ -134,6 +139,10 @@ class Hearing:
         self._partial: tuple[str, float] | None = None  # (utterance, asked at) in flight
         self._last_partial_ms = 0
         self._paused_at: int | None = None  # where the open utterance's last pause began
+        self._notes = 0
+        """Notes of where the last utterance sent lies, in the order they were asked for:
+        one superseded before it is written (by the next, or by more speech) is not."""
+        self._noting = asyncio.Lock()
         if config.turn_detection is not None:  # a resumed session's own
             self.set_turn_detection(config.turn_detection)
 
@@ -196,6 +205,7 @@ class Hearing:
             return
         self._paused_at = None
         if self.utterance_id is not None:
+            self._note(None)  # the pause's words are not the turn: not to be heard again
             await self.hooks.speech_resumed(self.utterance_id)
 
     async def _check_barge_in(self) -> None:
@@ -250,7 +260,7 @@ class Hearing:
         if self.settings.speculative_asr:
             job = self._asr_job(utterance_id, new_id("asrs"), "final")
             self.speculation.start(utterance_id, pause.end_ms, job.job_id)
-            self._submit(job, pause.audio)
+            self._submit(job, pause.audio, pause.start_ms, pause.end_ms)
         self.pause.watch(utterance_id, pause.end_ms, self.speculation.text)
 
     async def _pause_ended(self, utterance_id: str) -> None:
@@ -295,13 +305,70 @@ class Hearing:
             if reused.result is not None:  # the transcript is already here
                 await self._on_final(reused.result)
             return
-        self._submit(self._asr_job(utterance_id, job_id, "final"), end.audio)
+        job = self._asr_job(utterance_id, job_id, "final")
+        self._submit(job, end.audio, end.start_ms, end.end_ms)
 
-    def _submit(self, job: AsrJob, audio: AudioF32) -> None:
+    def _submit(self, job: AsrJob, audio: AudioF32, start_ms: int, end_ms: int) -> None:
         """A final-mode job goes off the input path: while Redis is out of reach the bus
         tries it again for up to the session's timeout, and the client's frames (a close
-        among them) must not wait for that."""
-        self.spawn(self.bus.submit_asr(job, float_to_pcm16(audio)), "asr-submit")
+        among them) must not wait for that. Once it is in, where it lies is noted: should
+        this connection end before its words are taken, the next one hears it again."""
+        self._notes += 1
+        note = self._notes
+
+        async def submit() -> None:
+            where = await self.bus.submit_asr(job, float_to_pcm16(audio))
+            if where is not None:
+                stream, entry_id = where
+                utterance = job.utterance_id
+                unheard = Unheard(
+                    utterance_id=utterance,
+                    stream=stream,
+                    entry_id=entry_id.decode(),
+                    start_ms=start_ms,
+                    end_ms=end_ms,
+                )
+                await self._noted(note, unheard)
+
+        self.spawn(submit(), "asr-submit")
+
+    def _note(self, unheard: Unheard | None) -> None:
+        self._notes += 1
+        self.spawn(self._noted(self._notes, unheard), "asr-note")
+
+    async def _noted(self, note: int, unheard: Unheard | None) -> None:
+        """Write a note unless a later one was asked for meanwhile (notes land in order)."""
+        async with self._noting:
+            if note == self._notes:
+                await self.hooks.note_unheard(unheard)
+
+    async def hear_again(self, unheard: Unheard) -> bool:
+        """A resumed session's utterance whose words its last connection never took: its
+        audio is read back from its job's entry and transcribed again, as a finished
+        utterance (its transcript comes as any other's). False when it cannot be read."""
+        found = await self.bus.job_audio(unheard.stream, unheard.entry_id)
+        if found is None:
+            return False
+        old, pcm16 = found
+        job = old.model_copy(
+            update={
+                "job_id": new_id("asr"),
+                "reply_to": self.bus.reply_to,
+                "session_id": self.config.id,
+                "tenant": self.tenant,
+                "enqueued_at": time.time(),
+            }
+        )
+        utterance = Utterance(unheard.utterance_id, unheard.start_ms, unheard.end_ms, None)
+        timeout = asyncio.get_running_loop().call_later(
+            self.settings.asr_timeout_s, self._asr_timed_out, utterance.id
+        )
+        self.pending[utterance.id] = _Pending(utterance, job.job_id, timeout)
+        self.spawn(self._resubmit(job, pcm16), "asr-submit")
+        return True
+
+    async def _resubmit(self, job: AsrJob, pcm16: bytes) -> None:
+        await self.bus.submit_asr(job, pcm16)
 
     def _asr_timed_out(self, utterance_id: str) -> None:
         if self.pending.pop(utterance_id, None) is not None:
@@ -331,7 +398,8 @@ class Hearing:
             return  # a repeat, a dropped speculation, or timed out: one final per utterance
         del self.pending[result.utterance_id]
         pending.timeout.cancel()
-        metrics.ASR_ROUNDTRIP.observe(self.clock() - pending.utterance.speech_end_at)
+        if pending.utterance.speech_end_at is not None:
+            metrics.ASR_ROUNDTRIP.observe(self.clock() - pending.utterance.speech_end_at)
         await self.hooks.transcript(pending.utterance, result.text, result.language)
 
     async def on_failed(self, result: JobFailed) -> None:

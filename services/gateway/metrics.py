@@ -107,6 +107,12 @@ JOBS_RESUBMITTED = Counter(
     "back empty, or a replica was promoted without them), submitted again, by kind (asr, tts).",
     ["kind"],
 )
+HEARD_AGAIN = Counter(
+    "va_gateway_utterances_heard_again_total",
+    "Resumed sessions whose last utterance was sent for transcription but its words never "
+    "taken (its gateway died, or the link dropped, first): its audio read back from its ASR "
+    "job and transcribed again.",
+)
 OWED_ANSWERS = Counter(
     "va_gateway_owed_answers_total",
     "Resumed sessions whose last turn was still to be answered (its gateway died while "

@@ -43,7 +43,7 @@ class _Held:
     """A user turn the end-of-turn policy is holding on: the user may go on."""
 
     utterance_id: str
-    speech_end_at: float
+    speech_end_at: float | None
     timer: asyncio.TimerHandle | None  # None once the user spoke again
 
 
@@ -197,7 +197,7 @@ class Replies:
 
     # ------------------------------------------------------------------ the held turn
 
-    def hold(self, utterance_id: str, speech_end_at: float, hold_ms: int) -> None:
+    def hold(self, utterance_id: str, speech_end_at: float | None, hold_ms: int) -> None:
         """Wait `hold_ms` for more speech before answering this turn."""
         timer = asyncio.get_running_loop().call_later(hold_ms / 1000, self._hold_expired)
         self._held = _Held(utterance_id, speech_end_at, timer)

@@ -51,7 +51,7 @@ from services.gateway.hearing import Hearing, Utterance
 from services.gateway.replies import Replies
 from services.gateway.reply import Reply, ReplyContext, Status
 from services.gateway.settings import GatewaySection
-from services.gateway.store import SessionStore
+from services.gateway.store import TAKEN_KEPT, SessionStore, Unheard
 from services.gateway.turn_end import EndOfTurn, Heard, word_rules_apply
 
 log = logging.getLogger(__name__)
@@ -91,6 +91,8 @@ class Session:
         meter: AudioMeter,
         history: list[Turn],
         owed: str | None = None,
+        taken: tuple[str, ...] = (),
+        unheard: Unheard | None = None,
     ) -> None:
         self.config = config
         self.channel = channel
@@ -107,6 +109,11 @@ class Session:
         """The last user turn is still to be answered: its utterance id ("" for typed text);
         saved with the history (store.StoredSession.owed). Given by a resume: its answer
         died with the gateway that was giving it, and `serve` gives it first."""
+        self.taken = taken
+        """The last utterances whose words joined the history (store.StoredSession.taken)."""
+        self._unheard = unheard
+        """Given by a resume: the last utterance its gateway sent for transcription, heard
+        again by `serve` unless its words were taken."""
         self.inbox: asyncio.Queue[tuple[BusResult, bytes | None, float]] = asyncio.Queue(
             self.settings.inbox_size
         )
@@ -141,6 +148,11 @@ class Session:
         """The client's frames, read ahead of their handling (serve)."""
         self._ending = False
         """The connection is ending: the session's last save is its gateway's (app.py)."""
+        self._saving = asyncio.Lock()
+        """One save at a time, each of the state as it is when its turn comes: the record
+        is written in the order of the changes (a slow write never lands after a newer)."""
+        self._recorded = config.resumed is True
+        """The session has a record (a save went, or it was resumed from one)."""
 
     # ------------------------------------------------------------------ client inputs
 
@@ -153,7 +165,8 @@ class Session:
         frames = self._frames
         self._spawn(frames.read(self.channel.io), "reader")
         try:
-            await self._answer_owed()
+            if not await self._hear_again():
+                await self._answer_owed()
             while True:
                 for item in await self.channel.decode(await frames.get()):
                     try:
@@ -282,7 +295,11 @@ class Session:
     # ------------------------------------------------------------------ the turn
 
     async def _user_said(
-        self, text: str, utterance_id: str, speech_end_at: float, language: str | None = None
+        self,
+        text: str,
+        utterance_id: str,
+        speech_end_at: float | None,
+        language: str | None = None,
     ) -> None:
         """A transcript ends the user's turn, unless the end-of-turn policy holds on (its
         word rules only for a language they know: turn_end.word_rules_apply)."""
@@ -295,13 +312,14 @@ class Session:
             if joined := self._join_user_turn(text):
                 metrics.CUT_OFFS_JOINED.inc()
         if joined:
-            self.owed = utterance_id
+            self._taking(utterance_id)
             await self._save()
         else:
             # an answer still playing (a turn too short to barge in) is cut here: what was
             # heard of it joins the history before these words, not after
             await self.replies.cancel()
-            await self._user_turn(text, owed=utterance_id)
+            self._taking(utterance_id)
+            await self._user_turn(text)
         policy = self.services.end_of_turn
         hold_ms = 0
         if word_rules_apply(language):
@@ -330,6 +348,11 @@ class Session:
         self.history[last_user:] = [Turn("user", f"{self.history[last_user].text} {text}")]
         return True
 
+    def _taking(self, utterance_id: str) -> None:
+        """The words of this utterance join the history now, to be answered."""
+        self.owed = utterance_id
+        self.taken = (*self.taken, utterance_id)[-TAKEN_KEPT:]
+
     async def _user_turn(self, text: str, owed: str | None = None) -> None:
         """The user's words join the history; `owed`: they are to be answered (the id of
         their utterance, "" for typed text), not only kept (a Realtime client's item)."""
@@ -345,7 +368,11 @@ class Session:
         if self._ending:
             return
         store = self.services.store
-        saved = store is None or await store.save(self.config, self.history, self.tenant, self.owed)
+        if store is None:
+            return
+        async with self._saving:
+            saved = await store.save(self.config, self.history, self.tenant, self.owed, self.taken)
+            self._recorded = True
         if not saved:
             await self.take_over()  # its client resumed it on another gateway
 
@@ -371,6 +398,29 @@ class Session:
     async def _reply_ended(self, reply: Reply, status: Status, text: str) -> None:
         """A reply ended and its client was told (its record settled what is owed)."""
         self.replies.ended(reply)
+
+    async def note_unheard(self, unheard: Unheard | None) -> None:
+        """Note where the utterance just sent lies; a session without a record yet (its
+        first words) gets one first, or a resume would not find it."""
+        store = self.services.store
+        if store is None:
+            return
+        if not self._recorded:
+            await self._save()
+        await store.note_unheard(self.config.id, unheard)
+
+    async def _hear_again(self) -> bool:
+        """A resumed session's last utterance sent for transcription whose words were never
+        taken (its gateway died, or the link dropped, before they came): heard again, and
+        answered as any turn (it supersedes an answer owed to an earlier turn: the user
+        spoke after it). Whether it is being heard again."""
+        unheard, self._unheard = self._unheard, None
+        if unheard is None or unheard.utterance_id in self.taken:
+            return False
+        if not await self.hearing.hear_again(unheard):
+            return False
+        metrics.HEARD_AGAIN.inc()
+        return True
 
     async def _answer_owed(self) -> None:
         """A resumed session whose last turn was never answered (its gateway died while

@@ -9,6 +9,12 @@ network changed may reconnect through another gateway while the first still hold
 old socket: that one's later saves (its final one when the dead socket is found) would
 otherwise put back the history as it was before the new connection's turns.
 
+Beside the record, `<key>:unheard` says where the session's last utterance sent for
+transcription lies (its ASR job's entry), written as the job goes: a gateway killed before
+it took that utterance's words leaves it, and the next connection hears it again. The
+record names the utterances whose words were taken (`taken`), so one already in the
+history is not heard twice.
+
 A record expires `ttl_s` after its session closed, not after its last save: while the
 session is open, its gateway process pushes the expiry back (`keep_alive`, one task per
 process, every third of the TTL). A process killed outright stops doing so, and its
@@ -89,6 +95,23 @@ class StoredSession(BaseModel):
     """The last user turn is still to be answered: the id of its utterance ("" for typed
     text). Set when the turn is taken, cleared when a reply to it ends; a gateway killed
     while answering leaves it set, and the session's next connection answers it."""
+    taken: tuple[str, ...] = ()
+    """The last utterances (`TAKEN_KEPT`) whose words joined the history, oldest first."""
+
+
+TAKEN_KEPT: Final = 16
+
+
+class Unheard(BaseModel):
+    """A session's last utterance sent for transcription: where its audio lies."""
+
+    utterance_id: str
+    stream: str
+    """The ASR job stream that holds it."""
+    entry_id: str
+    """Its job's entry there."""
+    start_ms: int
+    end_ms: int
 
 
 class Resumable(NamedTuple):
@@ -98,6 +121,8 @@ class Resumable(NamedTuple):
     history: list[Turn]
     owed: str | None = None
     """`StoredSession.owed`."""
+    taken: tuple[str, ...] = ()
+    """`StoredSession.taken`."""
 
 
 class SessionStore:
@@ -122,7 +147,12 @@ class SessionStore:
         return self.keys.session(session_id)
 
     async def save(
-        self, config: SessionConfig, history: list[Turn], tenant: str, owed: str | None = None
+        self,
+        config: SessionConfig,
+        history: list[Turn],
+        tenant: str,
+        owed: str | None = None,
+        taken: tuple[str, ...] = (),
     ) -> bool:
         """Write the session; False when another gateway process has claimed it (its
         client resumed it there). A Redis outage only loses resumability: logged, True."""
@@ -132,6 +162,7 @@ class SessionStore:
             history=history,
             tenant=tenant,
             owed=owed,
+            taken=taken[-TAKEN_KEPT:],
         )
         key = self.key(config.id)
         script = ("EVAL", SAVE, 1, key, stored.model_dump_json(), self.owner, self.ttl_s)
@@ -170,6 +201,34 @@ class SessionStore:
             return loaded
         return self._read(session_id, raw, tenant)
 
+    async def note_unheard(self, session_id: str, unheard: Unheard | None) -> None:
+        """Where the session's last utterance sent for transcription lies (None: it went
+        on, nothing to hear again); kept `ttl_s`. Redis out of reach: logged."""
+        key = self.keys.unheard(session_id)
+        try:
+            if unheard is None:
+                await self.redis.delete(key)
+            else:
+                await self.redis.set(key, unheard.model_dump_json(), ex=self.ttl_s)
+        except REDIS_FAILED as exc:
+            log.warning("could not note session %s's utterance: %s", session_id, exc)
+
+    async def unheard(self, session_id: str) -> Unheard | None:
+        """The session's last utterance sent for transcription, if noted (None as well when
+        Redis is out of reach, or the note is unreadable)."""
+        try:
+            raw = await self.redis.get(self.keys.unheard(session_id))
+        except REDIS_FAILED as exc:
+            log.warning("could not read session %s's utterance: %s", session_id, exc)
+            return None
+        if raw is None:
+            return None
+        try:
+            return Unheard.model_validate_json(raw)
+        except ValidationError:
+            log.error("session %s's utterance note is unreadable: not heard again", session_id)
+            return None
+
     async def refresh(self, session_ids: Collection[str]) -> int:
         """Make the records of these sessions (open here) expire `ttl_s` from now, in one
         round trip; those that another process has claimed, or that are gone, are left as
@@ -207,4 +266,4 @@ class SessionStore:
             return None
         if not hmac.compare_digest(stored.tenant.encode(), tenant.encode()):
             raise Forbidden("this session belongs to another tenant")
-        return Resumable(stored.config, stored.history, stored.owed)
+        return Resumable(stored.config, stored.history, stored.owed, stored.taken)

@@ -37,7 +37,7 @@ from services.gateway.bus import GatewayBus
 from services.gateway.codec import Codec, NativeCodec, SessionChannel
 from services.gateway.session import Session, SessionServices
 from services.gateway.settings import GatewaySection
-from services.gateway.store import SessionStore
+from services.gateway.store import SessionStore, Unheard
 from services.gateway.turn_end import EndOfTurn, SilenceOnly, listening
 
 RATE = 16000
@@ -141,6 +141,11 @@ class FakeBus:
     """How long a cancellation takes to reach Redis (a round trip)."""
     answer_asr: bool = True
     answer_partials: bool = True
+    locate: bool = False
+    """Final ASR jobs say where they lie (as the real bus does), and `job_audio` reads them
+    back: the session then notes its utterances for a resume (its store must take the
+    notes: `note_unheard`)."""
+    entries: dict[str, tuple[AsrJob, bytes]] = field(default_factory=dict)
     reply_to: str = "va:results:test"
     deliver: Callable[[BusResult, bytes | None], None] = lambda result, audio: None
     asr_jobs: list[tuple[float, AsrJob, bytes]] = field(default_factory=list)
@@ -148,8 +153,13 @@ class FakeBus:
     cancelled: list[tuple[float, str]] = field(default_factory=list)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
-    async def submit_asr(self, job: AsrJob, pcm16: bytes) -> None:
+    async def submit_asr(self, job: AsrJob, pcm16: bytes) -> tuple[str, bytes] | None:
         self.asr_jobs.append((self.loop.time(), job, pcm16))
+        where: tuple[str, bytes] | None = None
+        if job.mode == "final" and self.locate:
+            entry_id = f"{len(self.asr_jobs)}-0"
+            self.entries[entry_id] = (job, pcm16)
+            where = ("fake:asr:jobs", entry_id.encode())
         if job.mode == "partial" and self.answer_partials:
             text = f"partial {len(pcm16) // 32} ms"
             self.loop.call_later(self.asr_delay_s, self._asr_result, job, text)
@@ -158,6 +168,10 @@ class FakeBus:
                 self.heard[job.utterance_id] = self.transcripts.pop(0) if self.transcripts else ""
             text = self.heard[job.utterance_id]
             self.loop.call_later(self.asr_delay_s, self._asr_result, job, text)
+        return where
+
+    async def job_audio(self, stream: str, entry_id: str) -> tuple[AsrJob, bytes] | None:
+        return self.entries.get(entry_id)
 
     def _asr_result(self, job: AsrJob, text: str) -> None:
         final = job.mode == "final"
@@ -288,6 +302,8 @@ async def running_session(
     meter: AudioMeter = NO_METER,
     history: list[Turn] | None = None,
     owed: str | None = None,
+    taken: tuple[str, ...] = (),
+    unheard: Unheard | None = None,
     store: SessionStore | None = None,
     codec: Codec | None = None,
     config: SessionConfig | None = None,
@@ -322,6 +338,8 @@ async def running_session(
                 meter=meter,
                 history=list(history or []),
                 owed=owed,
+                taken=taken,
+                unheard=unheard,
             )
             bus.deliver = session.deliver
 

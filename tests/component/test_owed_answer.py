@@ -36,7 +36,12 @@ class _Saves:
         self.saves: list[tuple[list[Turn], str | None]] = []
 
     async def save(
-        self, config: SessionConfig, history: list[Turn], tenant: str, owed: str | None = None
+        self,
+        config: SessionConfig,
+        history: list[Turn],
+        tenant: str,
+        owed: str | None = None,
+        taken: tuple[str, ...] = (),
     ) -> bool:
         self.saves.append((list(history), owed))
         return True

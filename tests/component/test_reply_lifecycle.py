@@ -414,7 +414,12 @@ class _Saves:
         self.saves: list[list[Turn]] = []
 
     async def save(
-        self, config: SessionConfig, history: list[Turn], tenant: str, owed: str | None = None
+        self,
+        config: SessionConfig,
+        history: list[Turn],
+        tenant: str,
+        owed: str | None = None,
+        taken: tuple[str, ...] = (),
     ) -> bool:
         self.saves.append(list(history))
         return True
@@ -477,7 +482,12 @@ class _SlowSaves(_Saves):
         self.waiting = asyncio.Event()
 
     async def save(
-        self, config: SessionConfig, history: list[Turn], tenant: str, owed: str | None = None
+        self,
+        config: SessionConfig,
+        history: list[Turn],
+        tenant: str,
+        owed: str | None = None,
+        taken: tuple[str, ...] = (),
     ) -> bool:
         if not self.open.is_set():
             self.waiting.set()

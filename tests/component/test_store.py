@@ -140,7 +140,12 @@ class _ClaimedElsewhere:
         self.saves: list[list[tuple[str, str]]] = []
 
     async def save(
-        self, config: SessionConfig, history: list[Turn], tenant: str, owed: str | None = None
+        self,
+        config: SessionConfig,
+        history: list[Turn],
+        tenant: str,
+        owed: str | None = None,
+        taken: tuple[str, ...] = (),
     ) -> bool:
         self.saves.append([(t.role, t.text) for t in history])
         return len(self.saves) == 1

@@ -82,6 +82,11 @@ class Keys:
         """A stored session (gateway resume)."""
         return f"{self.prefix}:session:{session_id}"
 
+    def unheard(self, session_id: str) -> str:
+        """Where a session's last utterance sent for transcription lies, until its words are
+        taken (a resume hears it again)."""
+        return f"{self.prefix}:session:{session_id}:unheard"
+
     def api_key(self, key_id: str) -> str:
         """One API key's record (tenant, name, secret hash, limits, revocation)."""
         return f"{self.prefix}:auth:key:{key_id}"

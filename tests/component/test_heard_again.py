@@ -1,0 +1,161 @@
+"""An utterance whose words its gateway never took (killed -9 between the end of the speech
+and the transcript, or the link gone first) is heard again by the session's next
+connection: each final ASR job's entry is noted as it goes, the record names the
+utterances whose words were taken, and a resume reads the audio back from the entry.
+
+A note superseded by more speech (the user went on after a pause) is withdrawn; notes land
+in the order they were asked for."""
+
+from __future__ import annotations
+
+from typing import cast
+
+from services.common.bus.messages import AsrJob
+from services.common.protocol.events import SessionConfig
+from services.gateway.agent import Turn
+from services.gateway.store import SessionStore, Unheard
+from tests.component.session_harness import on_virtual_time, running_session, silence, tone
+
+
+class _Store:
+    """Records each save's history, owed answer and taken utterances, and each note."""
+
+    def __init__(self) -> None:
+        self.saves: list[tuple[list[Turn], str | None, tuple[str, ...]]] = []
+        self.notes: list[Unheard | None] = []
+
+    async def save(
+        self,
+        config: SessionConfig,
+        history: list[Turn],
+        tenant: str,
+        owed: str | None = None,
+        taken: tuple[str, ...] = (),
+    ) -> bool:
+        self.saves.append((list(history), owed, taken))
+        return True
+
+    async def note_unheard(self, session_id: str, unheard: Unheard | None) -> None:
+        self.notes.append(unheard)
+
+
+@on_virtual_time
+async def test_an_utterance_is_noted_as_sent_and_named_taken_with_its_words() -> None:
+    store = _Store()
+    async with running_session(
+        transcripts=["hello there"], store=cast(SessionStore, store), locate=True
+    ) as h:
+        await h.say(silence(200), tone(900), silence(1000))
+        await h.wait_for("response.done")
+    utterance = h.of_type("transcript.final")[0]["utterance_id"]
+    assert len(store.notes) == 1 and store.notes[0] is not None
+    note = store.notes[0]
+    assert (note.utterance_id, note.stream) == (utterance, "fake:asr:jobs")
+    assert h.bus.entries[note.entry_id][0].utterance_id == utterance  # where its audio lies
+    assert store.saves[:2] == [
+        ([], None, ()),  # a new session's record first (its first note): a resume finds it
+        ([Turn("user", "hello there")], utterance, (utterance,)),
+    ]
+
+
+@on_virtual_time
+async def test_a_pause_the_user_spoke_on_from_is_withdrawn() -> None:
+    store = _Store()
+    async with running_session(
+        transcripts=["hello there"], store=cast(SessionStore, store), locate=True
+    ) as h:
+        await h.say(silence(200), tone(900), silence(300), tone(600), silence(1000))
+        await h.wait_for("response.done")
+    first, went_on, second = store.notes
+    assert first is not None and second is not None and went_on is None
+    assert first.utterance_id == second.utterance_id and first.end_ms < second.end_ms
+
+
+def _lost_entry(bus_entries: dict[str, tuple[AsrJob, bytes]]) -> Unheard:
+    """A final ASR job another gateway process submitted for this session, then died."""
+    job = AsrJob(
+        job_id="asr_old",
+        session_id="sess_test",
+        utterance_id="utt_lost",
+        reply_to="va:gw:dead:results",
+    )
+    bus_entries["7-0"] = (job, tone(900))
+    return Unheard(
+        utterance_id="utt_lost", stream="fake:asr:jobs", entry_id="7-0", start_ms=200, end_ms=1100
+    )
+
+
+@on_virtual_time
+async def test_a_resume_hears_again_what_its_gateway_never_took_and_answers_it() -> None:
+    store = _Store()
+    entries: dict[str, tuple[AsrJob, bytes]] = {}
+    unheard = _lost_entry(entries)
+    history = [Turn("user", "first"), Turn("agent", "first")]
+    async with running_session(
+        history=history,
+        taken=("utt_first",),
+        unheard=unheard,
+        transcripts=["remember the door"],
+        store=cast(SessionStore, store),
+        entries=entries,
+        locate=True,
+    ) as h:
+        done = await h.wait_for("response.done")
+    final = h.of_type("transcript.final")[0]
+    assert (final["utterance_id"], final["text"]) == ("utt_lost", "remember the door")
+    assert [c["utterance_id"] for c in h.of_type("response.created")] == ["utt_lost"]
+    assert (done["status"], done["text"]) == ("completed", "remember the door")
+    _, job, pcm = h.bus.asr_jobs[0]
+    assert (job.reply_to, job.utterance_id) == (h.bus.reply_to, "utt_lost")
+    assert job.job_id != "asr_old" and pcm == entries["7-0"][1]
+    assert store.saves[0][1:] == ("utt_lost", ("utt_first", "utt_lost"))
+
+
+@on_virtual_time
+async def test_words_already_taken_are_not_heard_again() -> None:
+    entries: dict[str, tuple[AsrJob, bytes]] = {}
+    unheard = _lost_entry(entries)
+    history = [Turn("user", "remember the door"), Turn("agent", "remember the door")]
+    async with running_session(
+        history=history, taken=("utt_lost",), unheard=unheard, entries=entries
+    ) as h:
+        await h.say(silence(3000))
+    assert h.bus.asr_jobs == [] and h.of_type("response.created") == []
+
+
+@on_virtual_time
+async def test_later_words_heard_again_come_before_an_answer_owed_to_earlier_ones() -> None:
+    entries: dict[str, tuple[AsrJob, bytes]] = {}
+    unheard = _lost_entry(entries)
+    async with running_session(
+        history=[Turn("user", "what time is it")],
+        owed="utt_first",
+        taken=("utt_first",),
+        unheard=unheard,
+        transcripts=["never mind, what day is it"],
+        entries=entries,
+    ) as h:
+        done = await h.wait_for("response.done")
+        await h.say(silence(2000))
+    assert [c["utterance_id"] for c in h.of_type("response.created")] == ["utt_lost"]
+    assert done["text"] == "never mind, what day is it"
+    assert h.session.history[-2:] == [
+        Turn("user", "never mind, what day is it"),
+        Turn("agent", "never mind, what day is it"),
+    ]
+
+
+@on_virtual_time
+async def test_an_entry_gone_from_its_stream_leaves_the_owed_answer() -> None:
+    unheard = Unheard(
+        utterance_id="utt_lost", stream="fake:asr:jobs", entry_id="9-0", start_ms=0, end_ms=900
+    )
+    async with running_session(
+        history=[Turn("user", "what time is it")],
+        owed="utt_first",
+        taken=("utt_first",),
+        unheard=unheard,
+    ) as h:
+        done = await h.wait_for("response.done")
+    assert [c["utterance_id"] for c in h.of_type("response.created")] == ["utt_first"]
+    assert done["text"] == "what time is it"
