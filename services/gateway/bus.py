@@ -47,6 +47,9 @@ RETRY_MAX_S = 2.0
 KEEP_S = 120.0
 """How long a turn's job is kept for `resubmit_lost` when neither its result nor its
 response's cancel comes (its session ended, say): well past every timeout of a session's."""
+LOST_CHECK_S = 2.0
+"""At most this long between looks for lost jobs, however busy the result stream: a
+failover the client's retries rode out never reaches the reader as an error."""
 
 
 @dataclass
@@ -209,7 +212,22 @@ class GatewayBus:
             for _, job in kept:
                 pipe.xrange(job.stream.stream, job.entry_id, job.entry_id, count=1)
             found: list[Any] = await pipe.execute()
-        lost = [(j, job) for (j, job), entries in zip(kept, found, strict=True) if not entries]
+        missing = [(j, job) for (j, job), entries in zip(kept, found, strict=True) if not entries]
+        if not missing:
+            return 0
+        # an entry trimmed from its stream (`MAXLEN ~` cuts whole nodes) while a worker
+        # runs its job is still pending in the workers' group: not lost
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for _, job in missing:
+                pipe.xpending_range(
+                    job.stream.stream, job.stream.group, job.entry_id, job.entry_id, 1
+                )
+            running: list[Any] = await pipe.execute(raise_on_error=False)
+        lost = [
+            (j, job)
+            for (j, job), rows in zip(missing, running, strict=True)
+            if not rows or _no_group(rows)
+        ]
         for job_id, job in lost:
             log.warning("job %s lost with Redis's data: submitted again", job_id)
             job.entry_id = await job.stream.submit(job.fields, durable=True)
@@ -226,11 +244,17 @@ class GatewayBus:
         cursor = b"0-0"
         backoff = 0.2
         suspect = False
+        checked = self._clock()
         while True:
+            if self._in_flight and (suspect or self._clock() - checked >= LOST_CHECK_S):
+                try:
+                    await self.resubmit_lost()
+                    checked = self._clock()
+                except REDIS_FAILED as exc:  # the read below goes on; looked at again next
+                    log.warning("looking for lost jobs failed: %s", exc)
             try:
                 if suspect:
                     cursor = await self._checked_cursor(cursor)
-                    await self.resubmit_lost()
                 reply: Any = await self.redis.xread(
                     {self.reply_to: cursor}, count=256, block=self.settings.block_ms
                 )
@@ -304,6 +328,11 @@ class GatewayBus:
     async def reset(self) -> None:
         """Drop results an earlier process with the same id left behind."""
         await self.redis.delete(self.reply_to)
+
+
+def _no_group(reply: object) -> bool:
+    """Whether a reply is Redis saying the stream or its group is gone (with its data)."""
+    return isinstance(reply, ResponseError) and "NOGROUP" in str(reply)
 
 
 def _entry_order(entry_id: bytes) -> tuple[int, int]:

@@ -170,10 +170,11 @@ class Hearing:
         if end is not None:
             await self._end_of_turn(end)
 
-    def clear(self) -> None:
-        """The client drops what it said since the last turn."""
+    def clear(self) -> bool:
+        """The client drops what it said since the last turn; whether an utterance was open."""
         self.listener.clear()
-        self.utterance_id = None
+        was_open, self.utterance_id = self.utterance_id is not None, None
+        return was_open
 
     def set_input_rate(self, rate: int) -> None:
         self.listener.set_input_rate(rate)

@@ -114,6 +114,9 @@ class RealtimeCodec:
         self._answering_commit = False
         """A committed turn (a manual commit, or the VAD's end of turn) is answered by the
         Session once transcribed: a response.create meanwhile is that answer."""
+        self._words_owed = False
+        """A transcript with words came since the last response.created: the Session will
+        answer it (a held turn), whatever a later utterance holds."""
         self._create_waiting: str | None = None
         """The event_id ("" without one) of a response.create left to a committed turn's
         transcript: an empty transcript answers it with an error, never with silence."""
@@ -319,7 +322,9 @@ class RealtimeCodec:
                         "usage": {"type": "duration", "seconds": _seconds(event)},
                     }
                 )
-                if not event.text.strip():
+                if event.text.strip():
+                    self._words_owed = True
+                elif not self._words_owed:
                     self._answering_commit = False  # no words: the Session will not answer
                     self._answer_waiting_create(
                         "the committed audio held no words: there is nothing to respond to"
@@ -355,15 +360,15 @@ class RealtimeCodec:
         """An error in answer to the client event just decoded carries its event_id; one
         that happened meanwhile (a reply's agent failing, the ASR out of reach) none."""
         cause = self._client_event if answering else None
+        if not answering and exc.code in TRANSCRIPTION_FAILED and not self._words_owed:
+            self._answering_commit = False  # the committed turn will not be answered
+            self._create_waiting = None  # this error answers its response.create
         self._error(exc.code, exc.message, getattr(exc, "param", None), fatal, cause)
         return self._flush()
 
     def _error(
         self, code: str, message: str, param: str | None, fatal: bool, cause: str | None
     ) -> None:
-        if cause is None and code in TRANSCRIPTION_FAILED:  # the turn will not be answered
-            self._answering_commit = False
-            self._create_waiting = None  # this error answers its response.create
         self._emit(shapes.error_event(code, message, param, cause, fatal))
 
     def _answer_waiting_create(self, why: str) -> None:
@@ -468,7 +473,7 @@ class RealtimeCodec:
     def _response_created(self, event: ResponseCreated) -> None:
         reply = _Reply(event.response_id, f"item_{event.response_id.removeprefix('resp_')}")
         self._reply = reply
-        self._answering_commit = False
+        self._answering_commit = self._words_owed = False
         self._create_waiting = None
         response = self._response(reply, "in_progress", [])
         self._emit({"type": "response.created", "response": response})

@@ -199,7 +199,8 @@ class Session:
             case InputAudioCommit():
                 await self.hearing.commit()
             case InputAudioClear():
-                self.hearing.clear()
+                if self.hearing.clear():  # the user went on inside a hold, then took it back
+                    await self.replies.release_held()
             case ConversationText():
                 await self.replies.cancel()  # what was heard of the answer goes first
                 await self._user_turn(item.text, owed="")

@@ -15,6 +15,8 @@ from services.common.errors import AgentFailed
 from services.common.protocol.events import SessionConfig
 from services.gateway.agent import AGENTS, Turn
 from services.gateway.realtime import RealtimeCodec
+from services.gateway.settings import GatewaySection
+from services.gateway.turn_end import TrailingWordHeuristic
 from tests.component.session_harness import Harness, on_virtual_time, running_session, silence, tone
 from tests.component.test_prepared_reply import Recording
 
@@ -253,3 +255,71 @@ async def test_an_output_format_asked_for_during_a_response_applies_from_the_nex
 def _delta_bytes(h: Harness, since: int) -> bytes:
     deltas = [e for _, e in h.socket.events[since:] if e["type"] == "response.output_audio.delta"]
     return b"".join(base64.b64decode(e["delta"]) for e in deltas)
+
+
+def _holding() -> TrailingWordHeuristic:
+    """Holds a turn that ends mid-thought ("bread and") for 700 ms."""
+    return TrailingWordHeuristic(GatewaySection(end_of_turn_hold_ms=700))
+
+
+@on_virtual_time
+async def test_a_held_turn_the_client_cleared_the_rest_of_is_answered() -> None:
+    """ "bread and" is held; the user speaks again inside the hold (its timer stops), then
+    the client clears that speech: the held turn is answered, and a create then is not
+    swallowed waiting for a transcript that will never come."""
+    async with running_session(
+        codec=RealtimeCodec(), config=CONFIG, end_of_turn=_holding(), transcripts=["bread and"]
+    ) as h:
+        await h.say(silence(200), tone(600), silence(800))
+        await h.wait_for("conversation.item.input_audio_transcription.completed")
+        await h.say(tone(400), silence(100))  # goes on inside the hold
+        await h.send({"type": "input_audio_buffer.clear", "event_id": "evt_clear"})
+        await h.say(silence(1500))
+        done = await h.wait_for("response.done")
+        await h.send({"type": "response.create", "event_id": "evt_create"})
+        await h.wait_for("response.done", 2)
+    assert done["response"]["status"] == "completed"
+    assert _errors(h) == []
+
+
+@on_virtual_time
+async def test_a_held_turn_with_words_is_answered_whatever_a_noise_after_it_holds() -> None:
+    """A create absorbed by a held turn ("bread and"), then a noise inside the hold (an
+    empty transcript): the held words are answered, and the create gets no error saying
+    there was nothing to answer."""
+    async with running_session(
+        codec=RealtimeCodec(),
+        config=CONFIG,
+        end_of_turn=_holding(),
+        transcripts=["bread and", ""],
+    ) as h:
+        await h.say(silence(200), tone(600), silence(800))
+        await h.wait_for("conversation.item.input_audio_transcription.completed")
+        await h.send({"type": "response.create", "event_id": "evt_create"})
+        await h.say(tone(400), silence(900))
+        await h.wait_for("response.done")
+        await asyncio.sleep(3)
+    assert _errors(h) == [] and len(h.of_type("response.created")) == 1
+
+
+@on_virtual_time
+async def test_a_bad_frame_without_an_event_id_does_not_free_the_turns_create() -> None:
+    """A refused append with no event_id is the client's mistake, not the turn's failed
+    transcription: the create after it is still the turn's answer (one response)."""
+    calls: list[list[Turn]] = []
+    async with running_session(
+        codec=RealtimeCodec(),
+        config=CONFIG,
+        transcripts=["what time is it"],
+        agents=recording(calls),
+        asr_delay_s=0.6,
+    ) as h:
+        speaking = asyncio.create_task(h.say(silence(200), tone(900), silence(3000)))
+        await h.wait_for("input_audio_buffer.committed")
+        await h.send({"type": "input_audio_buffer.append", "audio": "!!notbase64"})
+        await h.wait_for("error")
+        await h.send({"type": "response.create", "event_id": "evt_create"})
+        await speaking
+        await asyncio.sleep(3)
+    assert [e["response"]["status"] for e in h.of_type("response.done")] == ["completed"]
+    assert calls == [[Turn("user", "what time is it")]]

@@ -15,15 +15,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from redis.asyncio import Redis
 
-from services.common.bus.connection import connect
+from services.common.bus.connection import REDIS_FAILED, connect
 from services.common.bus.keys import Keys
 from services.common.bus.messages import AsrResult, TtsJob
 from services.common.bus.settings import RedisSettings
@@ -203,6 +205,77 @@ async def test_the_turns_jobs_a_redis_lost_are_submitted_again(tmp_path: Path) -
         await writer.aclose()
         proc.terminate()
         proc.wait(10)
+
+
+@pytest.mark.parametrize("how", ["flush", "restart"])
+async def test_a_busy_gateway_looks_for_lost_jobs_too(tmp_path: Path, how: str) -> None:
+    """Other sessions' results every 100 ms: no read comes back empty, and the client's own
+    retries may hide the outage from the reader (a FLUSHALL never reaches it as an error).
+    The waiting job is submitted again all the same (`LOST_CHECK_S`)."""
+    port = free_port()
+    proc = start_redis(port, tmp_path)
+    settings = RedisSettings(url=f"redis://127.0.0.1:{port}/0", prefix="busy", block_ms=300)
+    redis, writer = connect(settings), connect(settings)
+    reader = Reader(redis, settings)
+    stream = reader.bus.keys.job_shards("tts")[0]
+    stop = asyncio.Event()
+
+    async def traffic() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            with contextlib.suppress(*REDIS_FAILED):
+                await publish(writer, settings, reader.bus.reply_to, result(f"other {n}"))
+            await asyncio.sleep(0.1)
+
+    busy = asyncio.create_task(traffic())
+    try:
+        await reader.bus.submit_tts(speech("waiting", "resp_w", reader.bus.reply_to))
+        await reader.delivered("other 3")
+        if how == "flush":
+            await writer.flushall()
+        else:
+            proc.terminate()
+            proc.wait(10)
+            proc = start_redis(port, tmp_path)  # empty
+
+        async def sent_again() -> bool:
+            return await _job_ids(writer, stream) == ["waiting"]
+
+        await until(sent_again)
+    finally:
+        stop.set()
+        await busy
+        await reader.background.stop()
+        await redis.aclose()
+        await writer.aclose()
+        proc.terminate()
+        proc.wait(10)
+
+
+async def test_a_running_jobs_entry_trimmed_from_its_stream_is_not_lost(
+    redis_server: RedisProc,
+) -> None:
+    """`MAXLEN ~` trims whole nodes, entries still pending too: a job a worker is running
+    whose entry went is not submitted again (it would run twice)."""
+    settings = redis_server.settings(block_ms=300, job_stream_maxlen=100)
+    redis, writer = connect(settings), connect(settings)
+    bus = GatewayBus(redis, settings, "gw")
+    stream = bus.keys.job_shards("tts")[0]
+    worker = JobStream(writer, settings, stream, "tts", "w1")
+    others = JobStream(writer, settings, stream, "tts", "gw2")
+    try:
+        await worker.ensure_group()
+        await bus.submit_tts(speech("long", "resp_long", bus.reply_to))
+        assert len(await worker.read(1, block_ms=100)) == 1  # a worker runs it
+        for n in range(300):  # other sessions' speech on the same shard
+            await others.submit({b"meta": speech(f"other{n}", f"r{n}", "elsewhere").dump()})
+        assert "long" not in await _job_ids(writer, stream)  # trimmed while it runs
+        assert await bus.resubmit_lost() == 0
+        assert "long" not in await _job_ids(writer, stream)
+    finally:
+        await redis.aclose()
+        await writer.aclose()
 
 
 def owned(job_id: str, reply_to: str) -> dict[bytes, bytes]:
