@@ -419,7 +419,13 @@ class Session:
         if unheard is None or unheard.utterance_id in self.taken:
             return False
         if not await self.hearing.hear_again(unheard):
+            log.warning(
+                "session %s: utterance %s, never transcribed, is gone from its stream",
+                self.config.id,
+                unheard.utterance_id,
+            )
             return False
+        log.info("session %s: utterance %s heard again", self.config.id, unheard.utterance_id)
         metrics.HEARD_AGAIN.inc()
         return True
 
@@ -447,6 +453,7 @@ class Session:
                 )
             )
             return
+        log.info("session %s: the answer owed to its last turn is given", self.config.id)
         metrics.OWED_ANSWERS.labels("answered").inc()
         await self.replies.start(owed or None, None)
 
