@@ -143,6 +143,8 @@ class Hearing:
         """Notes of where the last utterance sent lies, in the order they were asked for:
         one superseded before it is written (by the next, or by more speech) is not."""
         self._noting = asyncio.Lock()
+        self._noted_for: str | None = None
+        """The utterance the last note asked for names (None: withdrawn)."""
         if config.turn_detection is not None:  # a resumed session's own
             self.set_turn_detection(config.turn_detection)
 
@@ -173,8 +175,10 @@ class Hearing:
     def clear(self) -> bool:
         """The client drops what it said since the last turn; whether an utterance was open."""
         self.listener.clear()
-        was_open, self.utterance_id = self.utterance_id is not None, None
-        return was_open
+        cleared, self.utterance_id = self.utterance_id, None
+        if cleared is not None and self._noted_for == cleared:
+            self._note(None)  # taken back: not to be heard again
+        return cleared is not None
 
     def set_input_rate(self, rate: int) -> None:
         self.listener.set_input_rate(rate)
@@ -206,7 +210,8 @@ class Hearing:
             return
         self._paused_at = None
         if self.utterance_id is not None:
-            self._note(None)  # the pause's words are not the turn: not to be heard again
+            if self._noted_for == self.utterance_id:
+                self._note(None)  # the pause's words are not the turn: not to be heard again
             await self.hooks.speech_resumed(self.utterance_id)
 
     async def _check_barge_in(self) -> None:
@@ -316,6 +321,7 @@ class Hearing:
         this connection end before its words are taken, the next one hears it again."""
         self._notes += 1
         note = self._notes
+        self._noted_for = job.utterance_id
 
         async def submit() -> None:
             where = await self.bus.submit_asr(job, float_to_pcm16(audio))
@@ -333,8 +339,16 @@ class Hearing:
 
         self.spawn(submit(), "asr-submit")
 
+    def words_taken(self, utterance_id: str) -> None:
+        """The session's record holds this utterance's words now: its note goes (the
+        record's `taken` guards a resume already; a record written without it, by a gateway
+        of an older version, would not)."""
+        if self._noted_for == utterance_id:
+            self._note(None)
+
     def _note(self, unheard: Unheard | None) -> None:
         self._notes += 1
+        self._noted_for = None if unheard is None else unheard.utterance_id
         self.spawn(self._noted(self._notes, unheard), "asr-note")
 
     async def _noted(self, note: int, unheard: Unheard | None) -> None:

@@ -153,6 +153,8 @@ class Session:
         is written in the order of the changes (a slow write never lands after a newer)."""
         self._recorded = config.resumed is True
         """The session has a record (a save went, or it was resumed from one)."""
+        self._owed_waits: str | None = None
+        """The utterance heard again on resume: the owed answer waits on its words."""
 
     # ------------------------------------------------------------------ client inputs
 
@@ -285,13 +287,23 @@ class Session:
             )
         )
         if text.strip():
+            self._owed_waits = None  # later words: they supersede the owed answer
             await self._user_said(text, utterance.id, utterance.speech_end_at, language)
         else:
             await self.replies.release_held()  # a sound, but nothing more was said
+            await self._owed_after(utterance.id)
 
     async def asr_failed(self, error: VoiceAgentError) -> None:
         await self.channel.send_error(error)
         await self.replies.release_held()
+        if self._owed_waits is not None and self._owed_waits not in self.hearing.pending:
+            await self._owed_after(self._owed_waits)
+
+    async def _owed_after(self, utterance_id: str) -> None:
+        """The utterance heard again brought no words: the owed answer is given now."""
+        if self._owed_waits == utterance_id:
+            self._owed_waits = None
+            await self._answer_owed()
 
     # ------------------------------------------------------------------ the turn
 
@@ -321,6 +333,7 @@ class Session:
             await self.replies.cancel()
             self._taking(utterance_id)
             await self._user_turn(text)
+        self.hearing.words_taken(utterance_id)  # saved: not to be heard again
         policy = self.services.end_of_turn
         hold_ms = 0
         if word_rules_apply(language):
@@ -427,6 +440,7 @@ class Session:
             return False
         log.info("session %s: utterance %s heard again", self.config.id, unheard.utterance_id)
         metrics.HEARD_AGAIN.inc()
+        self._owed_waits = unheard.utterance_id
         return True
 
     async def _answer_owed(self) -> None:

@@ -8,13 +8,22 @@ in the order they were asked for."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
 from typing import cast
 
 from services.common.bus.messages import AsrJob
 from services.common.protocol.events import SessionConfig
-from services.gateway.agent import Turn
+from services.gateway.agent import AGENTS, AgentOutput, Turn
+from services.gateway.settings import GatewaySection
 from services.gateway.store import SessionStore, Unheard
-from tests.component.session_harness import on_virtual_time, running_session, silence, tone
+from tests.component.session_harness import (
+    on_virtual_time,
+    running_session,
+    scripted,
+    silence,
+    tone,
+)
 
 
 class _Store:
@@ -48,7 +57,8 @@ async def test_an_utterance_is_noted_as_sent_and_named_taken_with_its_words() ->
         await h.say(silence(200), tone(900), silence(1000))
         await h.wait_for("response.done")
     utterance = h.of_type("transcript.final")[0]["utterance_id"]
-    assert len(store.notes) == 1 and store.notes[0] is not None
+    assert len(store.notes) == 2 and store.notes[0] is not None
+    assert store.notes[1] is None  # withdrawn once its words were saved
     note = store.notes[0]
     assert (note.utterance_id, note.stream) == (utterance, "fake:asr:jobs")
     assert h.bus.entries[note.entry_id][0].utterance_id == utterance  # where its audio lies
@@ -66,8 +76,8 @@ async def test_a_pause_the_user_spoke_on_from_is_withdrawn() -> None:
     ) as h:
         await h.say(silence(200), tone(900), silence(300), tone(600), silence(1000))
         await h.wait_for("response.done")
-    first, went_on, second = store.notes
-    assert first is not None and second is not None and went_on is None
+    first, went_on, second, taken = store.notes
+    assert first is not None and second is not None and went_on is None and taken is None
     assert first.utterance_id == second.utterance_id and first.end_ms < second.end_ms
 
 
@@ -159,3 +169,76 @@ async def test_an_entry_gone_from_its_stream_leaves_the_owed_answer() -> None:
         done = await h.wait_for("response.done")
     assert [c["utterance_id"] for c in h.of_type("response.created")] == ["utt_first"]
     assert done["text"] == "what time is it"
+
+
+async def _thinks() -> AsyncIterator[AgentOutput]:
+    await asyncio.sleep(10)  # an agent thinking (an LLM call, a tool)
+    yield "It is noon."
+
+
+@on_virtual_time
+async def test_a_noise_heard_again_leaves_the_answer_owed_to_earlier_words() -> None:
+    """Turn A taken, its answer under way; a cough (heard as nothing) while the agent
+    thinks; the gateway dies. The next connection hears the cough again (nothing), then
+    gives the answer A is owed."""
+    store = _Store()
+    entries: dict[str, tuple[AsrJob, bytes]] = {}
+    agents = {**AGENTS, "echo": scripted(_thinks)}
+    async with running_session(
+        agents=agents,
+        transcripts=["what time is it", ""],
+        store=cast(SessionStore, store),
+        locate=True,
+        entries=entries,
+    ) as h:
+        await h.say(silence(200), tone(900), silence(1000))
+        await h.say(tone(300), silence(1500))
+        history, owed, taken = store.saves[-1]
+        note = store.notes[-1]  # what Redis holds as the gateway dies
+    assert owed is not None and note is not None and note.utterance_id not in taken
+    async with running_session(
+        agents=agents,
+        history=history,
+        owed=owed,
+        taken=taken,
+        unheard=note,
+        transcripts=[""],
+        entries=entries,
+        locate=True,
+    ) as again:
+        await again.say(silence(20000))
+    assert [c["utterance_id"] for c in again.of_type("response.created")] == [owed]
+    assert len(again.bus.asr_jobs) == 1  # the cough, heard again
+
+
+@on_virtual_time
+async def test_words_the_client_cleared_are_not_heard_again() -> None:
+    store = _Store()
+    async with running_session(
+        transcripts=["delete all my files"], store=cast(SessionStore, store), locate=True
+    ) as h:
+        await h.say(silence(200), tone(900), silence(200))  # a pause: speculation, noted
+        await h.send({"type": "input_audio.clear"})  # the client takes it back
+        await h.say(silence(3000))
+    assert h.of_type("response.created") == []
+    assert store.notes[0] is not None and store.notes[-1] is None
+
+
+@on_virtual_time
+async def test_a_pause_in_the_next_utterance_keeps_the_note_of_one_still_unheard() -> None:
+    """Without speculation: utterance A's job goes (noted), its transcript not back yet;
+    the user speaks B, pauses and goes on: A's note stays."""
+    store = _Store()
+    async with running_session(
+        settings=GatewaySection(speculative_asr=False),
+        transcripts=["first", "second"],
+        store=cast(SessionStore, store),
+        locate=True,
+        asr_delay_s=3.0,
+    ) as h:
+        await h.say(silence(200), tone(900), silence(700))  # A ends: its job goes, noted
+        await h.say(tone(500), silence(200), tone(500))  # B: a pause, then more
+        assert h.of_type("transcript.final") == []
+        assert [n and n.utterance_id for n in store.notes] == [
+            h.of_type("speech.stopped")[0]["utterance_id"]
+        ]

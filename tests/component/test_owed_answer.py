@@ -15,7 +15,7 @@ from typing import Any, cast
 from services.common.bus.messages import TtsJob
 from services.common.protocol.events import SessionConfig
 from services.gateway.agent import AGENTS, AgentOutput, Turn
-from services.gateway.store import SessionStore
+from services.gateway.store import SessionStore, Unheard
 from tests.component.session_harness import (
     FakeBus,
     on_virtual_time,
@@ -45,6 +45,9 @@ class _Saves:
     ) -> bool:
         self.saves.append((list(history), owed))
         return True
+
+    async def note_unheard(self, session_id: str, unheard: Unheard | None) -> None:
+        pass  # where an utterance lies: not what these tests look at
 
 
 @on_virtual_time

@@ -14,7 +14,7 @@ from services.common.bus.connection import connect
 from services.common.errors import Forbidden
 from services.common.protocol.events import SessionConfig
 from services.gateway.agent import Turn
-from services.gateway.store import Resumable, SessionStore, StoredSession
+from services.gateway.store import Resumable, SessionStore, StoredSession, Unheard
 from services.ops.redis_server import free_port, start_redis
 from tests.component.session_harness import on_virtual_time, running_session, silence, tone
 from tests.conftest import RedisProc
@@ -149,6 +149,9 @@ class _ClaimedElsewhere:
     ) -> bool:
         self.saves.append([(t.role, t.text) for t in history])
         return len(self.saves) == 1
+
+    async def note_unheard(self, session_id: str, unheard: Unheard | None) -> None:
+        pass  # where an utterance lies: not what these tests look at
 
 
 @on_virtual_time
