@@ -365,12 +365,13 @@ class Hearing:
         if found is None:
             return False
         old, pcm16 = found
+        theirs = (old.session_id, old.utterance_id, old.tenant)
+        if theirs != (self.config.id, unheard.utterance_id, self.tenant):
+            return False  # not this session's words (a note gone wrong): never heard here
         job = old.model_copy(
             update={
                 "job_id": new_id("asr"),
                 "reply_to": self.bus.reply_to,
-                "session_id": self.config.id,
-                "tenant": self.tenant,
                 "enqueued_at": time.time(),
             }
         )

@@ -433,7 +433,7 @@ class Session:
             return False
         if not await self.hearing.hear_again(unheard):
             log.warning(
-                "session %s: utterance %s, never transcribed, is gone from its stream",
+                "session %s: utterance %s, never transcribed, cannot be read back",
                 self.config.id,
                 unheard.utterance_id,
             )

@@ -156,6 +156,17 @@ async def test_later_words_heard_again_come_before_an_answer_owed_to_earlier_one
 
 
 @on_virtual_time
+async def test_an_entry_of_another_sessions_words_is_never_heard_here() -> None:
+    entries: dict[str, tuple[AsrJob, bytes]] = {}
+    unheard = _lost_entry(entries)
+    job, pcm = entries["7-0"]
+    entries["7-0"] = (job.model_copy(update={"session_id": "sess_other"}), pcm)
+    async with running_session(unheard=unheard, entries=entries) as h:
+        await h.say(silence(3000))
+    assert h.bus.asr_jobs == [] and h.of_type("transcript.final") == []
+
+
+@on_virtual_time
 async def test_an_entry_gone_from_its_stream_leaves_the_owed_answer() -> None:
     unheard = Unheard(
         utterance_id="utt_lost", stream="fake:asr:jobs", entry_id="9-0", start_ms=0, end_ms=900
