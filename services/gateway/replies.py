@@ -173,7 +173,8 @@ class Replies:
     async def cancel(self, superseded: bool = False) -> None:
         """Stop the reply playing (the user keeps what they heard); returns once the last
         reply has ended and its client was told, also when it was ending already.
-        `superseded`: for another answer of the agent to the same history."""
+        `superseded`: for another answer of the agent to the same history, or for the
+        user's next words (`Reply.superseded`)."""
         self.current = None
         if self._last is not None:  # the reply playing is the last one
             if not self._last.done:

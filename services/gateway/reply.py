@@ -136,7 +136,8 @@ class Reply:
     """It ended with its session (`stop`): its client was never told."""
     superseded: bool = False
     """It was cancelled for another answer of the agent to the same history (a client's
-    `response.create`, or the turn's own answer after one): the turn is answered anew."""
+    `response.create`, or the turn's own answer after one), or for the user's next words:
+    what is owed is settled by what follows (the new answer, those words' save)."""
     ended: asyncio.Event = field(init=False)
     """Set once it has ended and its client was told (or it was dropped, or stopped)."""
     _waiting: list[Event | VoiceAgentError] = field(default_factory=list)

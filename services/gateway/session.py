@@ -204,7 +204,9 @@ class Session:
                 if self.hearing.clear():  # the user went on inside a hold, then took it back
                     await self.replies.release_held()
             case ConversationText():
-                await self.replies.cancel()  # what was heard of the answer goes first
+                # what was heard of the answer goes first; the save of these words settles
+                # what is owed (superseded: no save of the cut answer's own before it)
+                await self.replies.cancel(superseded=True)
                 await self._user_turn(item.text, owed="")
                 await self.replies.start(None, None)
             case UserItem():
@@ -321,7 +323,8 @@ class Session:
             if joined := self._join_user_turn(text):
                 metrics.TURN_HOLDS.labels("continued").inc()
         elif self.replies.cut_off():
-            await self.replies.cancel()  # what was heard of the answer is in the history now
+            # what was heard of the answer is in the history now
+            await self.replies.cancel(superseded=True)
             if joined := self._join_user_turn(text):
                 metrics.CUT_OFFS_JOINED.inc()
         if joined:
@@ -330,7 +333,7 @@ class Session:
         else:
             # an answer still playing (a turn too short to barge in) is cut here: what was
             # heard of it joins the history before these words, not after
-            await self.replies.cancel()
+            await self.replies.cancel(superseded=True)  # these words' save settles what is owed
             self._taking(utterance_id)
             await self._user_turn(text)
         self.hearing.words_taken(utterance_id)  # saved: not to be heard again
@@ -417,10 +420,12 @@ class Session:
         """Note where the utterance just sent lies; a session without a record yet (its
         first words) gets one first, or a resume would not find it."""
         store = self.services.store
-        if store is None:
+        if store is None or self._ending:
             return
         if not self._recorded:
             await self._save()
+        if self._ending:  # its save found it resumed elsewhere: the note is theirs now
+            return
         await store.note_unheard(self.config.id, unheard)
 
     async def _hear_again(self) -> bool:

@@ -12,6 +12,8 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
+import pytest
+
 from services.common.bus.messages import TtsJob
 from services.common.protocol.events import SessionConfig
 from services.gateway.agent import AGENTS, AgentOutput, Turn
@@ -194,3 +196,51 @@ async def test_an_answer_asked_again_before_a_word_played_leaves_the_turn_owed()
     assert owed_while_answering == ""  # the second answer still owes the turn
     assert done["status"] == "completed"
     assert store.saves[-1] == ([Turn("user", "hello"), Turn("agent", "hello")], None)
+
+
+class _SlowSaves(_Saves):
+    """Each save takes 50 ms (a Redis that waits for its replicas)."""
+
+    async def save(
+        self,
+        config: SessionConfig,
+        history: list[Turn],
+        tenant: str,
+        owed: str | None = None,
+        taken: tuple[str, ...] = (),
+    ) -> bool:
+        await asyncio.sleep(0.05)
+        return await super().save(config, history, tenant, owed)
+
+
+@on_virtual_time
+async def test_words_that_cut_an_answer_before_its_first_word_wait_for_one_save() -> None:
+    """The user speaks on before a word of a slow answer played: the answer is cut, and
+    the new words' save (their owed answer) is the one save before the next answer; the
+    cut answer's own record is no second one on that path."""
+    first = asyncio.Event()
+
+    async def slow_first() -> AsyncIterator[AgentOutput]:
+        if not first.is_set():
+            first.set()
+            await asyncio.sleep(3.0)
+        yield "ok then"
+
+    store = _SlowSaves()
+    agents = {**AGENTS, "echo": scripted(slow_first)}
+    async with running_session(
+        transcripts=["one", "two"], store=cast(SessionStore, store), agents=agents
+    ) as h:
+        await h.say(silence(200), tone(900), silence(1000))
+        await h.wait_for("response.created")
+        await h.say(tone(900), silence(1000))
+        await h.wait_for("response.done", 2)
+    waited = h.time_of("response.created", 1) - h.time_of("transcript.final", 1)
+    assert waited == pytest.approx(0.05, abs=0.005)
+    assert store.saves[-2:] == [
+        (
+            [Turn("user", "one"), Turn("user", "two")],
+            h.of_type("transcript.final")[1]["utterance_id"],
+        ),
+        ([Turn("user", "one"), Turn("user", "two"), Turn("agent", "ok then")], None),
+    ]
