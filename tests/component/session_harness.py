@@ -268,6 +268,34 @@ def tts_as(synthesize: Callable[[FakeBus, TtsJob], Coroutine[Any, Any, None]]) -
         FakeBus._synthesize = original  # type: ignore[method-assign]
 
 
+class RecordingStore:
+    """A session store that keeps what each save held (`records`: the history, the answer
+    owed, the utterances taken) and each note of where an utterance lies (`notes`)."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[list[Turn], str | None, tuple[str, ...]]] = []
+        self.notes: list[Unheard | None] = []
+
+    @property
+    def saves(self) -> list[tuple[list[Turn], str | None]]:
+        """Each save's history and answer owed."""
+        return [(history, owed) for history, owed, _ in self.records]
+
+    async def save(
+        self,
+        config: SessionConfig,
+        history: list[Turn],
+        tenant: str,
+        owed: str | None = None,
+        taken: tuple[str, ...] = (),
+    ) -> bool:
+        self.records.append((list(history), owed, taken))
+        return True
+
+    async def note_unheard(self, session_id: str, unheard: Unheard | None) -> None:
+        self.notes.append(unheard)
+
+
 def scripted(
     script: Callable[[], AsyncIterator[AgentOutput]], prepare_safe: bool = True
 ) -> Callable[[], Agent]:

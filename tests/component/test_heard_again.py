@@ -13,11 +13,11 @@ from collections.abc import AsyncIterator
 from typing import cast
 
 from services.common.bus.messages import AsrJob
-from services.common.protocol.events import SessionConfig
 from services.gateway.agent import AGENTS, AgentOutput, Turn
 from services.gateway.settings import GatewaySection
 from services.gateway.store import SessionStore, Unheard
 from tests.component.session_harness import (
+    RecordingStore,
     on_virtual_time,
     running_session,
     scripted,
@@ -26,31 +26,9 @@ from tests.component.session_harness import (
 )
 
 
-class _Store:
-    """Records each save's history, owed answer and taken utterances, and each note."""
-
-    def __init__(self) -> None:
-        self.saves: list[tuple[list[Turn], str | None, tuple[str, ...]]] = []
-        self.notes: list[Unheard | None] = []
-
-    async def save(
-        self,
-        config: SessionConfig,
-        history: list[Turn],
-        tenant: str,
-        owed: str | None = None,
-        taken: tuple[str, ...] = (),
-    ) -> bool:
-        self.saves.append((list(history), owed, taken))
-        return True
-
-    async def note_unheard(self, session_id: str, unheard: Unheard | None) -> None:
-        self.notes.append(unheard)
-
-
 @on_virtual_time
 async def test_an_utterance_is_noted_as_sent_and_named_taken_with_its_words() -> None:
-    store = _Store()
+    store = RecordingStore()
     async with running_session(
         transcripts=["hello there"], store=cast(SessionStore, store), locate=True
     ) as h:
@@ -62,7 +40,7 @@ async def test_an_utterance_is_noted_as_sent_and_named_taken_with_its_words() ->
     note = store.notes[0]
     assert (note.utterance_id, note.stream) == (utterance, "fake:asr:jobs")
     assert h.bus.entries[note.entry_id][0].utterance_id == utterance  # where its audio lies
-    assert store.saves[:2] == [
+    assert store.records[:2] == [
         ([], None, ()),  # a new session's record first (its first note): a resume finds it
         ([Turn("user", "hello there")], utterance, (utterance,)),
     ]
@@ -70,7 +48,7 @@ async def test_an_utterance_is_noted_as_sent_and_named_taken_with_its_words() ->
 
 @on_virtual_time
 async def test_a_pause_the_user_spoke_on_from_is_withdrawn() -> None:
-    store = _Store()
+    store = RecordingStore()
     async with running_session(
         transcripts=["hello there"], store=cast(SessionStore, store), locate=True
     ) as h:
@@ -97,7 +75,7 @@ def _lost_entry(bus_entries: dict[str, tuple[AsrJob, bytes]]) -> Unheard:
 
 @on_virtual_time
 async def test_a_resume_hears_again_what_its_gateway_never_took_and_answers_it() -> None:
-    store = _Store()
+    store = RecordingStore()
     entries: dict[str, tuple[AsrJob, bytes]] = {}
     unheard = _lost_entry(entries)
     history = [Turn("user", "first"), Turn("agent", "first")]
@@ -118,7 +96,7 @@ async def test_a_resume_hears_again_what_its_gateway_never_took_and_answers_it()
     _, job, pcm = h.bus.asr_jobs[0]
     assert (job.reply_to, job.utterance_id) == (h.bus.reply_to, "utt_lost")
     assert job.job_id != "asr_old" and pcm == entries["7-0"][1]
-    assert store.saves[0][1:] == ("utt_lost", ("utt_first", "utt_lost"))
+    assert store.records[0][1:] == ("utt_lost", ("utt_first", "utt_lost"))
 
 
 @on_virtual_time
@@ -192,7 +170,7 @@ async def test_a_noise_heard_again_leaves_the_answer_owed_to_earlier_words() -> 
     """Turn A taken, its answer under way; a cough (heard as nothing) while the agent
     thinks; the gateway dies. The next connection hears the cough again (nothing), then
     gives the answer A is owed."""
-    store = _Store()
+    store = RecordingStore()
     entries: dict[str, tuple[AsrJob, bytes]] = {}
     agents = {**AGENTS, "echo": scripted(_thinks)}
     async with running_session(
@@ -204,7 +182,7 @@ async def test_a_noise_heard_again_leaves_the_answer_owed_to_earlier_words() -> 
     ) as h:
         await h.say(silence(200), tone(900), silence(1000))
         await h.say(tone(300), silence(1500))
-        history, owed, taken = store.saves[-1]
+        history, owed, taken = store.records[-1]
         note = store.notes[-1]  # what Redis holds as the gateway dies
     assert owed is not None and note is not None and note.utterance_id not in taken
     async with running_session(
@@ -224,7 +202,7 @@ async def test_a_noise_heard_again_leaves_the_answer_owed_to_earlier_words() -> 
 
 @on_virtual_time
 async def test_words_the_client_cleared_are_not_heard_again() -> None:
-    store = _Store()
+    store = RecordingStore()
     async with running_session(
         transcripts=["delete all my files"], store=cast(SessionStore, store), locate=True
     ) as h:
@@ -239,7 +217,7 @@ async def test_words_the_client_cleared_are_not_heard_again() -> None:
 async def test_a_pause_in_the_next_utterance_keeps_the_note_of_one_still_unheard() -> None:
     """Without speculation: utterance A's job goes (noted), its transcript not back yet;
     the user speaks B, pauses and goes on: A's note stays."""
-    store = _Store()
+    store = RecordingStore()
     async with running_session(
         settings=GatewaySection(speculative_asr=False),
         transcripts=["first", "second"],

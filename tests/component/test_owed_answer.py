@@ -17,9 +17,10 @@ import pytest
 from services.common.bus.messages import TtsJob
 from services.common.protocol.events import SessionConfig
 from services.gateway.agent import AGENTS, AgentOutput, Turn
-from services.gateway.store import SessionStore, Unheard
+from services.gateway.store import SessionStore
 from tests.component.session_harness import (
     FakeBus,
+    RecordingStore,
     on_virtual_time,
     running_session,
     scripted,
@@ -31,30 +32,9 @@ from tests.component.session_harness import (
 ORIGINAL = FakeBus._synthesize
 
 
-class _Saves:
-    """A store that records each save's history and owed answer."""
-
-    def __init__(self) -> None:
-        self.saves: list[tuple[list[Turn], str | None]] = []
-
-    async def save(
-        self,
-        config: SessionConfig,
-        history: list[Turn],
-        tenant: str,
-        owed: str | None = None,
-        taken: tuple[str, ...] = (),
-    ) -> bool:
-        self.saves.append((list(history), owed))
-        return True
-
-    async def note_unheard(self, session_id: str, unheard: Unheard | None) -> None:
-        pass  # where an utterance lies: not what these tests look at
-
-
 @on_virtual_time
 async def test_a_spoken_turn_is_owed_until_its_answer_is_recorded() -> None:
-    store = _Saves()
+    store = RecordingStore()
     async with running_session(transcripts=["hello there"], store=cast(SessionStore, store)) as h:
         await h.say(silence(200), tone(900), silence(1000))
         done = await h.wait_for("response.done")
@@ -72,7 +52,7 @@ async def test_a_reply_that_failed_before_a_word_owes_nothing_more() -> None:
         await asyncio.sleep(0.05)
         bus.deliver(job.failed("tts_unavailable", "engine crashed"), None)
 
-    store = _Saves()
+    store = RecordingStore()
     with tts_as(synthesize):
         async with running_session(store=cast(SessionStore, store)) as h:
             await h.send({"type": "conversation.text", "text": "hello"})
@@ -87,7 +67,7 @@ async def test_a_link_lost_before_a_word_of_the_answer_played_leaves_it_owed() -
     async def slow(bus: FakeBus, job: TtsJob) -> None:
         await asyncio.sleep(30)  # the first piece never comes while the client is there
 
-    store = _Saves()
+    store = RecordingStore()
     with tts_as(slow):
         async with running_session(store=cast(SessionStore, store)) as h:
             await h.send({"type": "conversation.text", "text": "hello"})
@@ -98,7 +78,7 @@ async def test_a_link_lost_before_a_word_of_the_answer_played_leaves_it_owed() -
 
 @on_virtual_time
 async def test_a_resumed_session_answers_the_turn_it_is_owed_first() -> None:
-    store = _Saves()
+    store = RecordingStore()
     history = [Turn("user", "first"), Turn("agent", "first"), Turn("user", "remember the door")]
     async with running_session(
         history=history, owed="utt_lost", store=cast(SessionStore, store)
@@ -126,7 +106,7 @@ async def _books() -> AsyncIterator[AgentOutput]:
 
 @on_virtual_time
 async def test_an_agent_not_safe_to_run_twice_is_not_run_again_on_resume() -> None:
-    store = _Saves()
+    store = RecordingStore()
     agents = {**AGENTS, "echo": scripted(_books, prepare_safe=False)}
     history = [Turn("user", "book a table for two")]
     async with running_session(
@@ -141,7 +121,7 @@ async def test_an_agent_not_safe_to_run_twice_is_not_run_again_on_resume() -> No
 
 async def _saved_when_told(synthesize: Any, cancel: bool) -> list[Any]:
     """What the store held each time a `response.done` was written, for one typed turn."""
-    store = _Saves()
+    store = RecordingStore()
     saved_when_told: list[Any] = []
     with tts_as(synthesize):
         async with running_session(store=cast(SessionStore, store)) as h:
@@ -184,7 +164,7 @@ async def test_an_answer_asked_again_before_a_word_played_leaves_the_turn_owed()
             return
         await ORIGINAL(bus, job)
 
-    store = _Saves()
+    store = RecordingStore()
     with tts_as(slow_first):
         async with running_session(store=cast(SessionStore, store)) as h:
             await h.send({"type": "conversation.text", "text": "hello"})
@@ -198,7 +178,7 @@ async def test_an_answer_asked_again_before_a_word_played_leaves_the_turn_owed()
     assert store.saves[-1] == ([Turn("user", "hello"), Turn("agent", "hello")], None)
 
 
-class _SlowSaves(_Saves):
+class _SlowSaves(RecordingStore):
     """Each save takes 50 ms (a Redis that waits for its replicas)."""
 
     async def save(
